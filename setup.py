@@ -1,0 +1,39 @@
+"""mindgrpo: GRPO for Qwen2.5 on MindSpore (CPU for development and CI, Ascend for production)."""
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).resolve().parent
+
+setup(
+    name="mindgrpo",
+    version="0.1.0",
+    description="MindSpore-native GRPO (Group Relative Policy Optimization) for Qwen2.5, MindRLHF style",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8") if (HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10,<3.12",
+    packages=find_packages(include=["mindgrpo", "mindgrpo.*"]),
+    package_data={"mindgrpo": ["ops/kernels/*", "assets/*", "assets/**/*"]},
+    include_package_data=True,
+    install_requires=[
+        "mindspore==2.9.0",
+        "mindformers==1.9.0",
+        "numpy<2",
+        "safetensors",
+        "jsonlines",
+        "pyyaml",
+        "tqdm",
+        "tensorboardX",
+        "pyarrow",
+        "tokenizers",
+        "transformers==4.57.1",
+    ],
+    extras_require={
+        # Ascend-only engines: they do not import on CPU, mindgrpo loads them lazily when selected.
+        "ascend": ["vllm-mindspore", "mindspore-gs", "msadapter"],
+        # torch 2.13.0 is the CPU build on the development image; elsewhere install torch's CPU wheel first.
+        "test": ["pytest", "hypothesis", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel"],
+        "plot": ["matplotlib"],
+    },
+    entry_points={"console_scripts": ["mindgrpo=mindgrpo.__main__:main"]},
+)

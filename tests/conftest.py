@@ -1,0 +1,49 @@
+"""Shared pytest fixtures: the `../shared` reference folder and MindSpore execution modes."""
+import os
+from pathlib import Path
+
+import pytest
+
+import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before anything imports them)
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
+
+
+def shared_path(*parts: str) -> Path:
+    """Path under ../shared, or skip the test cleanly when that folder (or file) is absent."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"reference data not found: {path}")
+    return path
+
+
+@pytest.fixture
+def fixtures_dir() -> Path:
+    return shared_path("fixtures")
+
+
+@pytest.fixture
+def tiny_model_dir() -> Path:
+    return shared_path("fixtures", "tiny-qwen2.5")
+
+
+@pytest.fixture
+def tiny_untied_model_dir() -> Path:
+    return shared_path("fixtures", "tiny-qwen2.5-untied")
+
+
+@pytest.fixture
+def gsm8k_dir() -> Path:
+    return shared_path("data", "gsm8k")
+
+
+@pytest.fixture(params=["pynative", "graph"])
+def ms_mode(request):
+    """Run the test once in PyNative and once in GRAPH mode (the mindone way)."""
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE if request.param == "pynative" else ms.GRAPH_MODE)
+    yield request.param
+    ms.set_context(mode=previous)
