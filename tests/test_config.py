@@ -1,0 +1,127 @@
+"""Config loading: yaml groups, relative paths, unknown keys, flags, overrides, validation."""
+import os
+from pathlib import Path
+
+import pytest
+
+from mindgrpo.config import (ConfigError, GRPOConfig, ParallelConfig, check_parallel_layout, describe, load_config,
+                             validate)
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_valid_without_paths():
+    validate(GRPOConfig(), check_paths=False)
+
+
+def test_groups_types_and_relative_paths(tmp_path):
+    cfg_file = write(tmp_path / "cfg" / "grpo.yaml", """
+rl_config:
+  dataset_file: data/train.mindrecord
+  beta: 0.0
+  num_generations: 4
+actor_config:
+  load: ../models/tiny
+  lr_schedule:
+    learning_rate: 1e-6      # PyYAML reads this as a string; it must still become a float
+    type: CosineWithWarmUpLR
+  parallel_config:
+    data_parallel: 2
+reward_config:
+  verifier_function: [accuracy_reward]
+  verifier_weight: [2]
+""")
+    cfg = load_config(cfg_file)
+    assert cfg.rl_config.dataset_file == str(tmp_path / "cfg" / "data" / "train.mindrecord")
+    assert cfg.actor_config.load == str(tmp_path / "models" / "tiny")
+    assert cfg.actor_config.lr_schedule.learning_rate == pytest.approx(1e-6)
+    assert isinstance(cfg.reward_config.verifier_weight[0], float)
+    assert cfg.actor_config.parallel_config.data_parallel == 2
+    assert cfg.tokenizer_dir == cfg.actor_config.load and cfg.ref_load == cfg.actor_config.load
+    validate(cfg, check_paths=False)
+    assert cfg.actor_config.lr_schedule.type == "cosine"
+
+
+def test_unknown_key_names_file_line_and_suggests(tmp_path):
+    cfg_file = write(tmp_path / "g.yaml", "rl_config:\n  beta: 0.1\n  num_generation: 4\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg_file)
+    msg = str(err.value)
+    assert f"{cfg_file}:3" in msg and "rl_config.num_generation" in msg and "did you mean 'num_generations'" in msg
+
+
+def test_unknown_group_and_bad_type(tmp_path):
+    with pytest.raises(ConfigError, match="did you mean 'actor_config'"):
+        load_config(write(tmp_path / "a.yaml", "actr_config:\n  load: x\n"))
+    with pytest.raises(ConfigError, match=r"a\.yaml:2.*rl_config\.batch_size' must be an integer"):
+        load_config(write(tmp_path / "a.yaml", "rl_config:\n  batch_size: four\n"))
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(write(tmp_path / "a.yaml", "actor_config:\n  optimizer: adam\n"))
+
+
+def test_flags_and_overrides_resolve_against_cwd(tmp_path, monkeypatch):
+    cfg_file = write(tmp_path / "conf" / "g.yaml", "rl_config:\n  dataset_file: d.mindrecord\n")
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(cfg_file, overrides=["rl_config.beta=0.5", "generate_config.sampling_config.top_k=5"],
+                      flags={"actor_checkpoint_path": "m", "verifier_function": "accuracy_reward,format_reward",
+                             "verifier_weight": "1.0 0.5", "resume_training": True, "tokenizer_dir": None})
+    assert cfg.rl_config.dataset_file == str(tmp_path / "conf" / "d.mindrecord")
+    assert cfg.actor_config.load == str(tmp_path / "m")
+    assert cfg.rl_config.beta == 0.5 and cfg.generate_config.sampling_config.top_k == 5
+    assert cfg.reward_config.verifier_function == ["accuracy_reward", "format_reward"]
+    assert cfg.reward_config.verifier_weight == [1.0, 0.5]
+    assert cfg.rl_config.resume_training is True
+    with pytest.raises(ConfigError, match="did you mean 'beta'"):
+        load_config(cfg_file, overrides=["rl_config.betta=1"])
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_config(cfg_file, overrides=["rl_config.beta"])
+
+
+def test_validate_lists_every_problem(tmp_path):
+    cfg = load_config(write(tmp_path / "g.yaml", """
+rl_config:
+  loss_type: ppo
+  dataset_file: missing.mindrecord
+  max_prompt_length: 1000
+  seq_length: 1024
+reward_config:
+  verifier_weight: [1.0]
+"""))
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    msg = str(err.value)
+    assert "rl_config.loss_type = 'ppo'" in msg
+    assert "missing.mindrecord: no such file" in msg and "tools/rlhf_data.py" in msg
+    assert "actor_config.load is not set" in msg
+    assert "exceeds rl_config.seq_length" in msg
+    assert "one weight per verifier" in msg
+
+
+def test_every_field_is_documented():
+    lines = describe()
+    assert len(lines) > 60
+    undocumented = [line for line in lines if line.endswith(": ")]
+    assert not undocumented, undocumented
+
+
+@pytest.mark.parametrize("layout, world, device, needle", [
+    (dict(data_parallel=2, model_parallel=2), 8, "Ascend", "= 4, but 8 worker"),
+    (dict(data_parallel=1, model_parallel=3), 3, "Ascend", "does not divide the 28 attention heads"),
+    (dict(data_parallel=2, pipeline_stage=3), 6, "Ascend", "does not divide the 28 layers"),
+    (dict(data_parallel=1, model_parallel=2), 2, "CPU", "semi-auto parallel on CPU"),
+])
+def test_parallel_layout_errors(layout, world, device, needle):
+    with pytest.raises(ConfigError, match=needle):
+        check_parallel_layout(ParallelConfig(**layout), world_size=world, num_heads=28, num_kv_heads=4,
+                              num_layers=28, device_target=device)
+
+
+def test_parallel_layout_ok():
+    check_parallel_layout(ParallelConfig(data_parallel=2, model_parallel=4), world_size=8, num_heads=28,
+                          num_kv_heads=4, num_layers=28, device_target="Ascend")
+    check_parallel_layout(ParallelConfig(data_parallel=2), world_size=2, num_heads=4, num_kv_heads=2,
+                          num_layers=4, device_target="CPU")
