@@ -1,0 +1,553 @@
+"""Tests for mindgrpo.rewards: number normalisation, answer extraction, verifiers, the registry and the scorer."""
+import logging
+import math
+import sys
+import textwrap
+import uuid
+from decimal import Decimal
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import mindgrpo  # noqa: F401  (must precede any MindSpore import; rewards itself imports none)
+from mindgrpo import rewards
+from mindgrpo.rewards import (
+    RewardScorer,
+    VerifierSpecError,
+    accuracy_reward,
+    extract_answer,
+    format_reward,
+    hash_format_reward,
+    normalize_number,
+    register_verifier,
+    resolve_verifier,
+)
+
+FAST = settings(max_examples=200, deadline=None)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """A private copy of the verifier registry, so tests can register functions without leaking them."""
+    monkeypatch.setattr(rewards, "VERIFIERS", dict(rewards.VERIFIERS))
+    monkeypatch.setattr(rewards, "FORMAT_VERIFIERS", set(rewards.FORMAT_VERIFIERS))
+    return rewards.VERIFIERS
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """Write a module with the given source under tmp_path, importable under a unique name; returns that name."""
+    created = []
+
+    def write(source: str) -> str:
+        name = f"user_verifiers_{uuid.uuid4().hex[:8]}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        created.append(name)
+        return name
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield write
+    for name in created:
+        sys.modules.pop(name, None)
+
+
+# ----------------------------------------------------------------------------------------------- normalize_number
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("72", "72"), ("72.0", "72"), ("72.00", "72"), ("$72", "72"), ("72.", "72"), (" +72 ", "72"),
+        ("1,000", "1000"), ("1000", "1000"), ("$1,234,567.890", "1234567.89"), ("1.50", "1.5"), (".5", "0.5"),
+        ("-3.25", "-3.25"), ("\u22125", "-5"), ("$-5", "-5"), ("-$5", "-5"), ("- 5", "-5"), ("50%", "50"),
+        ("-0", "0"), ("-0.0", "0"), ("0.000", "0"), ("+0", "0"), ("0e5", "0"),
+        ("1e3", "1000"), ("1E-3", "0.001"), ("2.5e2", "250"), ("-1e0", "-1"),
+        ("12345678901234567890123456789012345", "12345678901234567890123456789012345"),  # no rounding at 28 digits
+        (72, "72"), (72.0, "72"), (-0.0, "0"), (Decimal("72.50"), "72.5"), (np.float32(2.5), "2.5"),
+    ],
+)
+def test_normalize_number_canonical_forms(raw, expected):
+    assert normalize_number(raw) == expected
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "", "   ", "abc", "-", "$", ".", "nan", "NaN", "inf", "-Infinity", "sNaN", "1e100000",
+        "1e99999999999999999999999", "1,2", "1,00", "12,34,567", "1 000", "1_000", "\u0667\u0662", "1/2", "3-5",
+        "--5", "-$-5", "1.2.3", "72 apples", None, True, float("nan"), float("inf"), ["72"],
+    ],
+)
+def test_normalize_number_rejects_non_numbers(raw):
+    assert normalize_number(raw) is None
+
+
+@FAST
+@given(st.integers(min_value=-10**15, max_value=10**15), st.integers(min_value=0, max_value=4))
+def test_normalize_number_matches_int_formatting(value, zeros):
+    """Thousands separators, trailing zero decimals and `$` never change an integer's canonical form."""
+    assert normalize_number(f"{value:,}") == str(value)
+    assert normalize_number(f"{value}." + "0" * zeros) == str(value)
+    assert normalize_number(f"${value}" if value >= 0 else f"-${-value}") == str(value)
+
+
+@FAST
+@given(st.decimals(min_value=-10**9, max_value=10**9, places=6, allow_nan=False, allow_infinity=False))
+def test_normalize_number_preserves_value(value):
+    normal = normalize_number(str(value))
+    assert normal is not None and "e" not in normal.lower()
+    assert Decimal(normal) == value
+
+
+# --------------------------------------------------------------------------------------------------- extraction
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("so 8 * 9 = 72\n#### 72", "72"),
+        ("#### 72.00", "72"),
+        ("#### $72", "72"),
+        ("#### 1,000", "1000"),
+        ("#### 1000.", "1000"),
+        ("#### -5", "-5"),
+        ("#### 0.25", "0.25"),
+        ("####72", "72"),
+        ("#### **42**", "42"),
+        ("#### 72 apples", "72"),
+        ("The area is \\boxed{72}.", "72"),
+        ("\\boxed{ 1{,}000 }", "1000"),
+        ("\\boxed{\\$72.50}", "72.5"),
+        ("\\boxed{-3}", "-3"),
+        ("\\boxed{\\text{72}}", "72"),
+        ("\\boxed{\\frac{1}{2}}", None),  # nested braces: found, but not a plain number
+        ("\\boxed{x+1}", None),
+        ("<answer>42</answer>", "42"),
+        ("<answer>First 3 then 4, so 12</answer>", "12"),  # several numbers: the last one
+        ("<answer>\n$1,234.50\n</answer>", "1234.5"),
+        ("<answer>seventy-two</answer>", None),
+        ("#### 5\n<answer>6</answer>", "6"),  # last marker wins ...
+        ("<answer>6</answer>\n#### 5", "5"),
+        ("\\boxed{1} then \\boxed{2}", "2"),
+        ("#### 9\nno wait \\boxed{10}", "10"),
+        ("\\boxed{10} #### 9", "9"),
+        ("<answer>\\boxed{\\frac{1}{2}}</answer>", None),  # ... and a boxed answer inside <answer> is the last marker
+        ("#### 3/4", None),  # a fraction is not a plain number, and the last marker is authoritative
+        ("#### 7\n\\boxed{\\frac{1}{2}}", None),
+        ("#### Step 1: add\n#### 12", "12"),  # markdown headings are not markers
+        ("The answer is 72.", None),  # no marker, no fallback
+        ("", None),
+        ("\\boxed{7", None),  # truncated boxed answer is no marker
+    ],
+)
+def test_extract_answer(text, expected):
+    assert extract_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is 72.", "72"),
+        ("I spent $1,000 and then -3.5 more", "-3.5"),
+        ("x2 and 3.5", "3.5"),
+        ("the numbers 1,2,3", None),  # ambiguous comma list: no number
+        ("step 1 ... version 1.2.3", "1"),
+        ("no digits here", None),
+        ("#### Step 1: think", "1"),  # heading is no marker, so the fallback applies
+        ("\\boxed{7", "7"),
+        ("#### 72\nand later 99", "72"),  # a marker exists: the fallback is not used
+        ("\\boxed{\\frac{1}{2}}", None),  # marker without a plain number: still no fallback
+    ],
+)
+def test_extract_answer_fallback_last_number(text, expected):
+    assert extract_answer(text, fallback_last_number=True) == expected
+    if expected is not None and "####" not in text:
+        assert extract_answer(text) is None  # only the fallback found it
+
+
+def test_extract_answer_non_string_is_none():
+    assert extract_answer(None) is None  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------------------------------------------- verifiers
+
+@pytest.mark.parametrize(
+    "completion, gold, expected",
+    [
+        ("#### 72", "72", 1.0),
+        ("#### 72.00", "$72", 1.0),
+        ("\\boxed{1000}", "1,000", 1.0),
+        ("<answer>1,000</answer>", "1000", 1.0),
+        ("#### 71", "72", 0.0),
+        ("The answer is 72", "72", 0.0),  # needs a marker unless fallback is on
+        ("#### -5", "5", 0.0),
+        ("<answer>0.5</answer>", ".50", 1.0),
+        ("#### 72", 72, 1.0),  # numeric gold straight from a dataframe
+    ],
+)
+def test_accuracy_reward(completion, gold, expected):
+    assert accuracy_reward(completion, gold, prompt="ignored", question="ignored", unknown=1) == expected
+
+
+def test_accuracy_reward_fallback_and_non_numeric_gold():
+    assert accuracy_reward("The answer is 72", "72", fallback_last_number=True) == 1.0
+    # Non-numeric golds never match, in particular not a completion whose answer is not a number either.
+    assert accuracy_reward("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}") == 0.0
+    assert accuracy_reward("no answer at all", "seventy") == 0.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "<think>8*9=72</think><answer>72</answer>",
+        "  \n<think>a\nb</think>\n\n<answer>\n72\n</answer>\n  ",
+        "<think></think><answer></answer>",
+        "<think>x < y and a > b</think><answer>1</answer>",
+    ],
+)
+def test_format_reward_accepts(completion):
+    assert format_reward(completion, "72", prompt="p") == 1.0
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "Sure! <think>x</think><answer>1</answer>",  # text before <think>
+        "<think>x</think><answer>1</answer> Hope this helps",  # trailing text
+        "<think>x</think>",  # missing answer
+        "<answer>1</answer>",  # missing think
+        "<think>x</think><answer>1</answer><answer>2</answer>",  # two answer blocks
+        "<think>x</think><think>y</think><answer>1</answer>",  # two think blocks
+        "<think>x</think> between <answer>1</answer>",
+        "<think>x<answer>1</answer></think><answer>1</answer>",  # nested tags
+        "<answer>1</answer><think>x</think>",  # wrong order
+        "<think>x</think><answer>1",  # unclosed
+        "<THINK>x</THINK><ANSWER>1</ANSWER>",
+        "",
+    ],
+)
+def test_format_reward_rejects(completion):
+    assert format_reward(completion, "72") == 0.0
+
+
+@pytest.mark.parametrize(
+    "completion, expected",
+    [
+        ("work\n#### 72", 1.0),
+        ("work\n#### $1,000.\nthanks", 1.0),
+        ("  ####  -3.5  ", 1.0),
+        ("#### **72**", 1.0),
+        ("#### Step 1", 0.0),
+        ("#### 3/4", 0.0),
+        ("##### 72", 0.0),
+        ("the answer is #### maybe\n72", 0.0),
+        ("no marker 72", 0.0),
+    ],
+)
+def test_hash_format_reward(completion, expected):
+    assert hash_format_reward(completion, "72", question="q") == expected
+
+
+def test_builtin_registry_and_aliases():
+    assert rewards.VERIFIERS["accuracy_reward"] is rewards.VERIFIERS["accuracy"] is accuracy_reward
+    assert rewards.VERIFIERS["format_reward"] is rewards.VERIFIERS["format"] is format_reward
+    assert rewards.VERIFIERS["hash_format_reward"] is hash_format_reward
+    assert format_reward in rewards.FORMAT_VERIFIERS and accuracy_reward not in rewards.FORMAT_VERIFIERS
+
+
+def test_register_verifier(registry):
+    @register_verifier("length_penalty")
+    def length_penalty(completion, gold, **context):
+        return -len(completion) / 100
+
+    assert resolve_verifier("length_penalty") is length_penalty
+    with pytest.raises(VerifierSpecError, match="'length_penalty' is already registered"):
+        register_verifier("length_penalty")(lambda completion, gold, **context: 0.0)
+    with pytest.raises(VerifierSpecError, match=r"must accept \(completion, gold, \*\*context\)"):
+        register_verifier("no_context")(lambda completion, gold: 0.0)
+    with pytest.raises(VerifierSpecError, match="without ':'"):
+        register_verifier("pkg:fn")
+    assert "no_context" not in registry
+
+
+# ------------------------------------------------------------------------------------------------- resolve_verifier
+
+def test_resolve_verifier_module_spec(user_module):
+    name = user_module(
+        """
+        def exact_match(completion, gold, **context):
+            return float(completion.strip() == gold)
+
+        class Namespace:
+            @staticmethod
+            def always_one(completion, gold, **context):
+                return 1.0
+
+        NOT_A_FUNCTION = 3
+
+        def no_kwargs(completion, gold):
+            return 0.0
+        """
+    )
+    fn = resolve_verifier(f"{name}:exact_match")
+    assert fn(" 72 ", "72", prompt="p") == 1.0 and fn("71", "72") == 0.0
+    assert resolve_verifier(f" {name}:Namespace.always_one ")("x", "y") == 1.0
+
+    missing = f"'{name}:exact_mtch'.*no attribute 'exact_mtch'.*Did you mean 'exact_match'"
+    with pytest.raises(VerifierSpecError, match=missing):
+        resolve_verifier(f"{name}:exact_mtch")
+    with pytest.raises(VerifierSpecError, match="names a int, not a function"):
+        resolve_verifier(f"{name}:NOT_A_FUNCTION")
+    with pytest.raises(VerifierSpecError, match=r"no_kwargs.*must accept \(completion, gold, \*\*context\)"):
+        resolve_verifier(f"{name}:no_kwargs")
+
+
+def test_resolve_verifier_import_failures(user_module):
+    with pytest.raises(VerifierSpecError, match="'no_such_pkg_xyz.mod:fn'.*module 'no_such_pkg_xyz.mod' not found"):
+        resolve_verifier("no_such_pkg_xyz.mod:fn")
+    broken_dependency = user_module("import no_such_dependency_xyz\n")
+    with pytest.raises(VerifierSpecError, match=f"importing '{broken_dependency}' failed.*no_such_dependency_xyz"):
+        resolve_verifier(f"{broken_dependency}:fn")
+    crashing = user_module("raise RuntimeError('config missing')\n")
+    with pytest.raises(VerifierSpecError, match="raised RuntimeError: config missing"):
+        resolve_verifier(f"{crashing}:fn")
+    with pytest.raises(VerifierSpecError, match="must look like 'package.module:function'"):
+        resolve_verifier("somemodule:")
+
+
+@pytest.mark.parametrize(
+    "spec, suggestion",
+    [("accuracy_rewrd", "accuracy_reward"), ("fromat_reward", "format_reward"), ("hash_fromat", "hash_format")],
+)
+def test_resolve_verifier_unknown_name_did_you_mean(spec, suggestion):
+    with pytest.raises(VerifierSpecError) as info:
+        resolve_verifier(spec)
+    message = str(info.value)
+    assert f"unknown verifier '{spec}'" in message
+    assert f"Did you mean '{suggestion}'" in message
+    assert "Known verifiers: accuracy, accuracy_reward, format, format_reward" in message
+    assert "package.module:function" in message
+
+
+@pytest.mark.parametrize("spec", ["", "   ", None, 3])
+def test_resolve_verifier_rejects_empty_specs(spec):
+    with pytest.raises(VerifierSpecError, match="must be a registered name"):
+        resolve_verifier(spec)
+
+
+def test_resolve_verifier_unrelated_name_has_no_suggestion():
+    with pytest.raises(VerifierSpecError) as info:
+        resolve_verifier("zzzzzz")
+    assert "Did you mean" not in str(info.value)
+
+
+# ---------------------------------------------------------------------------------------------------------- scorer
+
+# (completion, accuracy vs gold "72", format) for scorer tests
+CASES = [
+    ("<think>9*8</think><answer>72</answer>", 1.0, 1.0),
+    ("<think>9*8</think><answer>5</answer>", 0.0, 1.0),
+    ("#### 72", 1.0, 0.0),
+    ("nothing useful", 0.0, 0.0),
+]
+COMPLETIONS = [case[0] for case in CASES]
+ACCURACY = np.array([case[1] for case in CASES], dtype=np.float32)
+FORMAT = np.array([case[2] for case in CASES], dtype=np.float32)
+GOLDS = ["72"] * len(CASES)
+
+
+def test_scorer_weighted_sum():
+    batch = RewardScorer(["accuracy_reward", "format_reward"], [2.0, 0.5]).score(COMPLETIONS, GOLDS)
+    np.testing.assert_array_equal(batch.per_verifier["accuracy_reward"], ACCURACY)
+    np.testing.assert_array_equal(batch.per_verifier["format_reward"], FORMAT)
+    np.testing.assert_allclose(batch.total, 2.0 * ACCURACY + 0.5 * FORMAT)
+    assert batch.total.dtype == np.float32 and batch.total.shape == (len(CASES),)
+    assert all(scores.dtype == np.float32 for scores in batch.per_verifier.values())
+    assert batch.failures == {"accuracy_reward": 0, "format_reward": 0}
+
+
+def test_scorer_default_weights_and_single_name():
+    batch = RewardScorer(["accuracy", "format"]).score(COMPLETIONS, GOLDS)
+    np.testing.assert_allclose(batch.total, ACCURACY + FORMAT)
+    single = RewardScorer("accuracy").score(COMPLETIONS, GOLDS)
+    np.testing.assert_allclose(single.total, ACCURACY)
+
+
+def test_scorer_gates_accuracy_on_format():
+    scorer = RewardScorer(["accuracy_reward", "format_reward"], [2.0, 0.5], gate_accuracy_on_format=True)
+    batch = scorer.score(COMPLETIONS, GOLDS)
+    np.testing.assert_allclose(batch.total, 2.0 * ACCURACY * FORMAT)  # format weight unused when gating
+    np.testing.assert_array_equal(batch.total, [2.0, 0.0, 0.0, 0.0])
+    np.testing.assert_array_equal(batch.per_verifier["format_reward"], FORMAT)  # raw scores still reported
+
+
+def test_scorer_gate_needs_format_and_something_to_gate():
+    with pytest.raises(ValueError, match="gate_accuracy_on_format=True needs a format verifier"):
+        RewardScorer(["accuracy_reward"], gate_accuracy_on_format=True)
+    with pytest.raises(ValueError, match="needs something to gate"):
+        RewardScorer(["format_reward", "hash_format_reward"], gate_accuracy_on_format=True)
+
+
+def test_scorer_fallback_last_number_reaches_accuracy():
+    completions, golds = ["The answer is 72.", "I think 5"], ["72", "72"]
+    assert RewardScorer(["accuracy_reward"]).score(completions, golds).total.tolist() == [0.0, 0.0]
+    scorer = RewardScorer(["accuracy_reward"], fallback_last_number=True)
+    assert scorer.score(completions, golds).total.tolist() == [1.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    "functions, weights, match",
+    [
+        (["accuracy_reward", "format_reward"], [1.0],
+         "verifier_weight has 1 entries but reward_config.verifier_function has 2"),
+        (["accuracy_reward"], [1.0, 2.0], "reward_config.verifier_weight has 2 entries"),
+        ([], None, "reward_config.verifier_function is empty"),
+        (["accuracy_reward", "accuracy_reward"], None, "lists \\['accuracy_reward'\\] more than once"),
+        (["accuracy_reward"], [float("nan")], r"reward_config.verifier_weight\[0\] \(for 'accuracy_reward'\)"),
+        (["accuracy_reward"], ["1"], r"reward_config.verifier_weight\[0\]"),
+        (["accuracy_reward", "acuracy"], None, r"reward_config.verifier_function\[1\]: unknown verifier 'acuracy'"),
+    ],
+)
+def test_scorer_config_errors(functions, weights, match):
+    with pytest.raises(ValueError, match=match):
+        RewardScorer(functions, weights)
+
+
+def test_scorer_counts_failures_and_never_raises(registry, caplog):
+    @register_verifier("explodes_on_boom")
+    def explodes(completion, gold, **context):
+        if "boom" in completion:
+            raise RuntimeError("kaboom")
+        return 1.0
+
+    @register_verifier("nan_on_odd")
+    def nan_on_odd(completion, gold, **context):
+        return float("nan") if len(completion) % 2 else 0.5
+
+    @register_verifier("junk")
+    def junk(completion, gold, **context):
+        return {"a": "1.0", "b": float("inf"), "c": 1e39, "d": None, "e": True, "f": np.float64(0.25)}[completion]
+
+    scorer = RewardScorer(["explodes_on_boom", "nan_on_odd", "accuracy_reward"], [1.0, 2.0, 4.0])
+    completions = ["ok", "boom", "odd", "#### 72 boom"]
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+        batch = scorer.score(completions, ["72"] * 4)
+        scorer.score(completions, ["72"] * 4)
+    np.testing.assert_array_equal(batch.per_verifier["explodes_on_boom"], [1.0, 0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(batch.per_verifier["nan_on_odd"], [0.5, 0.5, 0.0, 0.5])
+    np.testing.assert_array_equal(batch.per_verifier["accuracy_reward"], [0.0, 0.0, 0.0, 1.0])
+    np.testing.assert_allclose(batch.total, [2.0, 1.0, 1.0, 5.0])
+    assert batch.failures == {"explodes_on_boom": 2, "nan_on_odd": 1, "accuracy_reward": 0}
+    # one warning per failing verifier per scorer, however many batches fail
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 2
+    assert any("'explodes_on_boom' raised RuntimeError: kaboom on completion 1" in m for m in messages)
+
+    junk_batch = RewardScorer(["junk"]).score(list("abcdef"), ["0"] * 6)
+    np.testing.assert_array_equal(junk_batch.per_verifier["junk"], [0, 0, 0, 0, 1.0, 0.25])
+    assert junk_batch.failures == {"junk": 4}
+
+
+def test_scorer_non_numeric_gold_scores_zero_without_failure():
+    batch = RewardScorer(["accuracy_reward"]).score(["#### 1", "\\boxed{\\frac{1}{2}}"], ["1", "\\frac{1}{2}"])
+    assert batch.failures == {"accuracy_reward": 0}
+    np.testing.assert_array_equal(batch.total, [1.0, 0.0])
+
+
+def test_scorer_passes_context_elementwise(registry):
+    seen = []
+
+    @register_verifier("records_context")
+    def records(completion, gold, **context):
+        seen.append((completion, gold, context))
+        return 0.0
+
+    RewardScorer(["records_context"], fallback_last_number=True).score(
+        ["c0", "c1"], ["g0", "g1"], prompt=["p0", "p1"], question=["q0", "q1"]
+    )
+    assert seen == [
+        ("c0", "g0", {"fallback_last_number": True, "prompt": "p0", "question": "q0"}),
+        ("c1", "g1", {"fallback_last_number": True, "prompt": "p1", "question": "q1"}),
+    ]
+
+
+def test_scorer_batch_shape_errors():
+    scorer = RewardScorer(["accuracy_reward"])
+    with pytest.raises(ValueError, match="got 2 completions but 1 golds"):
+        scorer.score(["a", "b"], ["1"])
+    with pytest.raises(ValueError, match="context list 'prompt' has 1 entries for 2 completions"):
+        scorer.score(["a", "b"], ["1", "2"], prompt=["p"])
+    with pytest.raises(ValueError, match="is a RewardScorer option"):
+        scorer.score(["a"], ["1"], fallback_last_number=[True])
+    empty = scorer.score([], [])
+    assert empty.total.shape == (0,) and empty.failures == {"accuracy_reward": 0}
+
+
+def test_scorer_custom_format_gate_via_registry(registry):
+    @register_verifier("starts_with_hash", is_format=True)
+    def starts_with_hash(completion, gold, **context):
+        return float(completion.startswith("#"))
+
+    batch = RewardScorer(["accuracy_reward", "starts_with_hash"], gate_accuracy_on_format=True).score(
+        ["#### 72", "x #### 72"], ["72", "72"]
+    )
+    np.testing.assert_array_equal(batch.total, [1.0, 0.0])
+
+
+# ---------------------------------------------------------------------------------------------- property tests
+
+FRAGMENTS = [
+    "####", "#####", "#### ", "<answer>", "</answer>", "<think>", "</think>", "\\boxed{", "\\boxed", "{", "}",
+    "\\frac", "{,}", "\\text{", "\\$", "$", "0", "1", "7", "9", "42", "1,000", ",", ".", "-", "\u2212", "+", "e",
+    "E5", "%", "/", " ", "\n", "\t", "**", "nan", "inf", "\u0663", "\u00a0",
+]
+arbitrary_text = st.one_of(
+    st.text(max_size=200),
+    st.lists(st.one_of(st.sampled_from(FRAGMENTS), st.text(max_size=3)), max_size=40).map("".join),
+)
+valid_golds = st.one_of(st.sampled_from(["72", "1,000", "-3.5", "0", "$18.00"]), st.integers(-10**6, 10**6).map(str))
+
+
+@FAST
+@given(arbitrary_text, st.booleans())
+def test_extract_answer_never_raises_and_returns_canonical(text, fallback):
+    answer = extract_answer(text, fallback_last_number=fallback)
+    assert answer is None or (isinstance(answer, str) and normalize_number(answer) == answer)
+    if answer is not None:  # what extraction finds, accuracy rewards (same gold, same flag)
+        assert accuracy_reward(text, answer, fallback_last_number=fallback) == 1.0
+
+
+@FAST
+@given(arbitrary_text)
+def test_normalize_number_is_idempotent(text):
+    normal = normalize_number(text)
+    assert normal is None or normalize_number(normal) == normal
+
+
+@pytest.mark.parametrize("name", sorted(rewards.VERIFIERS))
+@FAST
+@given(completion=arbitrary_text, gold=st.one_of(valid_golds, arbitrary_text), prompt=arbitrary_text,
+       fallback=st.booleans())
+def test_every_verifier_is_total_on_arbitrary_text(name, completion, gold, prompt, fallback):
+    score = rewards.VERIFIERS[name](completion, gold, prompt=prompt, fallback_last_number=fallback, extra=object())
+    assert isinstance(score, float) and score in (0.0, 1.0)
+
+
+@FAST
+@given(arbitrary_text)
+def test_format_reward_implies_the_visible_shape(text):
+    if format_reward(text, "0") == 1.0:
+        stripped = text.strip()
+        assert stripped.startswith("<think>") and stripped.endswith("</answer>")
+        assert text.count("<think>") == text.count("</answer>") == 1
+
+
+@FAST
+@given(st.lists(arbitrary_text, min_size=1, max_size=6), st.booleans())
+def test_scorer_total_is_finite_and_bounded(completions, gate):
+    scorer = RewardScorer(["accuracy_reward", "format_reward", "hash_format_reward"], [1.0, 0.5, 0.25],
+                          gate_accuracy_on_format=gate)
+    batch = scorer.score(completions, ["72"] * len(completions))
+    assert batch.total.shape == (len(completions),)
+    assert all(math.isfinite(value) and 0.0 <= value <= 1.75 for value in batch.total.tolist())
+    assert sum(batch.failures.values()) == 0
