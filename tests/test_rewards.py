@@ -1,10 +1,11 @@
-"""Tests for mindgrpo.rewards: number normalisation, answer extraction, verifiers, the registry and the scorer."""
+"""Tests for mindgrpo.rewards: number normalisation, answer extraction, math answers, verifiers, registry, scorer."""
 import logging
 import math
 import sys
 import textwrap
 import uuid
 from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -18,8 +19,11 @@ from mindgrpo.rewards import (
     VerifierSpecError,
     accuracy_reward,
     extract_answer,
+    extract_answer_text,
     format_reward,
     hash_format_reward,
+    math_answers_equal,
+    normalize_math_answer,
     normalize_number,
     register_verifier,
     resolve_verifier,
@@ -138,6 +142,29 @@ def test_normalize_number_preserves_value(value):
         ("The answer is 72.", None),  # no marker, no fallback
         ("", None),
         ("\\boxed{7", None),  # truncated boxed answer is no marker
+        # a number that is part of an expression is not the answer (never a piece of it)
+        ("#### 2\\sqrt{2}", None),
+        ("#### 2^{10}", None),
+        ("#### 1 + \\sqrt{2}", None),
+        ("#### 1, 2", None),
+        ("#### 2x", None),
+        ("#### 1e3", "1000"),
+        ("#### 72 \\text{ dollars}", "72"),
+        ("#### 50\\%", "50"),
+        ("#### 12cm", "12"),  # a unit word, not a variable
+        ("<answer>1/2</answer>", None),
+        ("<answer>\\frac{1}{2}</answer>", None),
+        ("<answer>\\sqrt{2}</answer>", None),
+        ("<answer>(1, 2)</answer>", None),
+        ("<answer>x^2+1</answer>", None),
+        ("<answer>3 \\cdot 4</answer>", None),
+        ("<answer>**12**</answer>", "12"),
+        ("<answer>3 + 4 = 7</answer>", "7"),
+        ("<answer>x = 5</answer>", "5"),
+        # `####` bodies that open like maths are markers too, so they end the answer as the last marker
+        ("#### 5\n#### x^2", None),
+        ("#### 5\n#### \\frac{1}{2}", None),
+        ("#### 5\n#### Final answer", "5"),
     ],
 )
 def test_extract_answer(text, expected):
@@ -167,6 +194,42 @@ def test_extract_answer_fallback_last_number(text, expected):
 
 def test_extract_answer_non_string_is_none():
     assert extract_answer(None) is None  # type: ignore[arg-type]
+    assert extract_answer_text(None) is None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("#### 72", "72"),
+        ("#### **72 apples**", "72 apples"),
+        ("so\n####  \\frac{1}{2}.  \nthanks", "\\frac{1}{2}."),
+        ("#### -\\frac{3}{4}", "-\\frac{3}{4}"),
+        ("#### x = 5", "x = 5"),
+        ("#### (1, 2)\r", "(1, 2)"),
+        ("#### $\\sqrt{2}$", "$\\sqrt{2}$"),
+        ("#### Step 1: add", None),  # heading, not a marker
+        ("The area is \\boxed{\\frac{\\sqrt{3}}{2}} square units.", "\\frac{\\sqrt{3}}{2}"),
+        ("\\boxed{ \\text{east} }", "\\text{east}"),
+        ("\\boxed{\\boxed{5}}", "5"),  # the inner box starts last
+        ("<answer>\n(1, 2)\n</answer>", "(1, 2)"),
+        ("<answer>The answer is $x^2+1$.</answer>", "The answer is $x^2+1$."),
+        ("<answer>\\boxed{3/4}</answer>", "3/4"),
+        ("\\boxed{1} then #### \\pi", "\\pi"),
+        ("\\boxed{\\frac{1}{2}", None),  # unclosed
+        ("\\boxed{}", None),  # empty answer
+        ("<answer>  </answer>", None),
+        ("no marker \\frac{1}{2}", None),
+        ("", None),
+    ],
+)
+def test_extract_answer_text(text, expected):
+    assert extract_answer_text(text) == expected
+
+
+def test_extract_answer_text_reads_the_marker_extract_answer_reads():
+    for text in ["#### 72 apples", "\\boxed{1{,}000}", "<answer>so 12</answer>", "#### 1\n\\boxed{2}"]:
+        assert normalize_number(extract_answer(text)) is not None and extract_answer_text(text) is not None
+    assert extract_answer("\\boxed{2}\n#### x^2") is None and extract_answer_text("\\boxed{2}\n#### x^2") == "x^2"
 
 
 # ---------------------------------------------------------------------------------------------------- verifiers
@@ -189,11 +252,179 @@ def test_accuracy_reward(completion, gold, expected):
     assert accuracy_reward(completion, gold, prompt="ignored", question="ignored", unknown=1) == expected
 
 
-def test_accuracy_reward_fallback_and_non_numeric_gold():
+def test_accuracy_reward_fallback_and_missing_answers():
     assert accuracy_reward("The answer is 72", "72", fallback_last_number=True) == 1.0
-    # Non-numeric golds never match, in particular not a completion whose answer is not a number either.
-    assert accuracy_reward("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}") == 0.0
+    # Nothing matches a missing or empty answer, in particular not a non-numeric or empty gold.
     assert accuracy_reward("no answer at all", "seventy") == 0.0
+    assert accuracy_reward("no answer at all", "") == 0.0
+    assert accuracy_reward("\\boxed{}", "") == 0.0
+    assert accuracy_reward("<answer> $ </answer>", "\\,") == 0.0
+    # the fallback is for numeric golds: loose prose never matches a MATH-style gold
+    assert accuracy_reward("so it is \\frac{1}{2}", "\\frac{1}{2}", fallback_last_number=True) == 0.0
+    # a non-string gold is the number it is
+    assert accuracy_reward("\\boxed{\\frac{144}{2}}", 72) == 1.0
+    assert accuracy_reward("\\boxed{nan}", float("nan")) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ math answers
+
+# (gold as stored by the data pipeline, completion) pairs from DeepScaleR / MATH / DAPO-Math-17k style answers
+MATH_MATCHES = [
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}"),
+    ("\\frac{1}{2}", "\\boxed{\\dfrac{1}{2}}"),
+    ("\\frac{1}{2}", "\\boxed{\\tfrac12}"),
+    ("\\frac{1}{2}", "#### 1/2"),
+    ("\\frac{1}{2}", "#### 0.5"),
+    ("\\frac{1}{2}", "\\boxed{\\frac{2}{4}}"),
+    ("\\frac{1}{2}", "<answer>The answer is $\\frac{1}{2}$.</answer>"),
+    ("0.5", "\\boxed{\\frac{1}{2}}"),  # numeric gold, fraction answer
+    ("2", "\\boxed{\\frac{4}{2}}"),
+    ("-\\frac{3}{4}", "\\boxed{-3/4}"),
+    ("-\\frac{3}{4}", "\\boxed{\\frac{-3}{4}}"),
+    ("-\\frac{3}{4}", "#### -0.75"),
+    ("\\frac{3}{4}", "\\boxed{0.75}"),
+    ("\\sqrt{2}", "\\boxed{\\sqrt2}"),
+    ("\\frac{\\sqrt{3}}{2}", "\\boxed{\\dfrac{\\sqrt3}{2}}"),
+    ("2\\sqrt{5}", "\\boxed{2 \\sqrt{5}}"),
+    ("\\frac{\\pi}{2}", "\\boxed{\\frac\\pi2}"),
+    ("(1, 2)", "\\boxed{(1,2)}"),
+    ("(1, 2)", "\\boxed{\\left( 1, 2 \\right)}"),
+    ("(\\frac{1}{2}, -3)", "\\boxed{(0.5, -3)}"),
+    ("(-\\infty, 3]", "\\boxed{\\left(-\\infty,3\\right]}"),
+    ("x^2+1", "\\boxed{x^2 + 1}"),
+    ("x^2+1", "\\boxed{y = x^2+1}"),
+    ("5", "\\boxed{x = 5}"),
+    ("5", "#### x = 5"),
+    ("\\text{east}", "\\boxed{east}"),
+    ("\\text{east}", "\\boxed{\\mbox{east}}"),
+    ("\\text{(C)}", "\\boxed{(C)}"),
+    ("\\mathrm{AB}", "\\boxed{\\text{AB}}"),
+    ("90^\\circ", "\\boxed{90}"),
+    ("90", "\\boxed{90^{\\circ}}"),
+    ("50\\%", "\\boxed{50}"),
+    ("12\\text{ cm}", "\\boxed{12}"),
+    ("12", "\\boxed{12 \\text{ cm}^2}"),
+    ("\\$5.50", "#### $5.50"),
+    ("10{,}000", "\\boxed{10000}"),
+    ("\\displaystyle \\frac{7}{3}", "\\boxed{\\frac73.}"),
+    ("\\pi r^2", "\\boxed{\\pi  r^2}"),
+    ("3\\!\\cdot\\!4^{n}", "\\boxed{3 \\cdot 4^{n}}"),
+    ("\\boxed{x \\leq 3}", "\\boxed{x\\le3}"),  # a gold stored still boxed
+]
+
+# (gold, completion) pairs that look close but are different answers, or are not answers at all
+MATH_MISMATCHES = [
+    ("2", "\\boxed{1/2}"),
+    ("2", "<answer>1/2</answer>"),
+    ("2", "\\boxed{\\sqrt{2}}"),
+    ("2", "<answer>\\sqrt{2}</answer>"),
+    ("2", "#### 2\\sqrt{2}"),
+    ("2", "<answer>(1, 2)</answer>"),
+    ("1", "<answer>x^2+1</answer>"),
+    ("10", "\\boxed{2^{10}}"),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{3}}"),
+    ("\\frac{1}{2}", "\\boxed{2}"),
+    ("-\\frac{3}{4}", "\\boxed{3/4}"),
+    ("\\frac{3}{4}", "\\boxed{\\frac{4}{3}}"),
+    ("\\sqrt{2}", "\\boxed{\\sqrt{3}}"),
+    ("\\sqrt{2}", "\\boxed{1.414}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\boxed{\\frac{1}{\\sqrt{2}}}"),  # equal, but proving it needs algebra
+    ("(1, 2)", "\\boxed{(2, 1)}"),
+    ("(1, 2)", "\\boxed{[1, 2]}"),
+    ("(1, 2)", "\\boxed{(1, 2, 3)}"),
+    ("(1, 2)", "\\boxed{2}"),
+    ("[1, 2)", "\\boxed{[1, 2]}"),
+    ("x^2+1", "\\boxed{x^2-1}"),
+    ("x+1", "\\boxed{1+x}"),  # no algebra
+    ("\\text{east}", "\\boxed{west}"),
+    ("\\text{East}", "\\boxed{east}"),
+    ("1000", "\\boxed{1,0}"),
+    ("\\frac{1}{2}", "\\frac{1}{2}"),  # no answer marker at all
+    ("\\frac{1}{2}", "#### 7\n\\boxed{\\frac{1}{3}}"),  # the last marker decides
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}}\n#### 7"),
+    ("\\frac{1}{2}", "<answer>Since $y = \\frac{1}{2}$, the answer is 3</answer>"),
+    ("\\frac{1}{2}", "\\boxed{\\frac{1}{2}"),  # truncated
+    ("\\frac{1}{0}", "\\boxed{\\frac{2}{0}}"),
+    ("5", "\\boxed{x = y = 5}"),
+    ("", "\\boxed{}"),
+]
+
+
+@pytest.mark.parametrize("gold, completion", MATH_MATCHES)
+def test_accuracy_reward_matches_math_answers(gold, completion):
+    assert accuracy_reward(completion, gold) == 1.0
+
+
+@pytest.mark.parametrize("gold, completion", MATH_MISMATCHES)
+def test_accuracy_reward_refuses_different_math_answers(gold, completion):
+    assert accuracy_reward(completion, gold) == 0.0
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("$\\dfrac{1}{2}$", "\\frac{1}{2}"),
+        ("\\frac12", "\\frac{1}{2}"),
+        ("\\frac 1 2", "\\frac{1}{2}"),
+        ("\\frac{1}2", "\\frac{1}{2}"),
+        ("\\frac\\pi{2}", "\\frac{\\pi}{2}"),
+        ("\\frac{\\frac12}{3}", "\\frac{\\frac{1}{2}}{3}"),
+        ("\\sqrt2+\\sqrt[3]{8}", "\\sqrt{2}+\\sqrt[3]{8}"),
+        ("\\sqrt[3]8", "\\sqrt[3]{8}"),
+        ("\\left( 1 , 2 \\right]", "(1,2]"),
+        ("\\leftarrow", "\\leftarrow"),  # not \left
+        ("x \\, = \\; 5 .", "5"),
+        ("y = 2x + 3", "2x+3"),
+        ("x = y = 5", "x=y=5"),  # not a single assignment
+        ("f(x) = 5", "f(x)=5"),
+        ("\\text{\\textbf{east}}", "east"),
+        ("12\\text{ cm}", "12"),  # a \text-style unit is dropped after a number only
+        ("12\\,\\mathrm{cm}", "12"),
+        ("x\\text{ cm}", "xcm"),
+        ("12 cm", "12cm"),
+        ("45^{\\circ}", "45"),
+        ("45\\textdegree", "45\\textdegree"),
+        ("20\\%", "20"),
+        ("\\$1{,}000", "1000"),
+        ("\\pi  r", "\\pi r"),
+        ("\\displaystyle\\tfrac{a}{b}", "\\frac{a}{b}"),
+        ("x \\geq 2", "x\\ge2"),
+        ("\\boxed{\\boxed{7}}", "7"),
+        ("\\boxed{1}+\\boxed{2}", "\\boxed{1}+\\boxed{2}"),
+        ("\u22125", "-5"),
+        ("  ", None),
+        ("$\\,$", None),
+        (None, None),
+        (0.5, "0.5"),
+    ],
+)
+def test_normalize_math_answer(raw, expected):
+    assert normalize_math_answer(raw) == expected
+
+
+def test_math_answers_equal_is_conservative():
+    assert math_answers_equal("\\frac{1}{2}", "1/2") and math_answers_equal("1/2", 0.5)
+    assert math_answers_equal("(1, \\frac{1}{2})", "(1,0.5)")
+    assert math_answers_equal("((1,2),3)", "((1, 2), 3)")
+    assert not math_answers_equal("(1,2)+(3,4)", "(1,2)+(3,5)")
+    assert not math_answers_equal("", "") and not math_answers_equal(None, None)  # type: ignore[arg-type]
+    assert not math_answers_equal("1,000", "(1,000)")
+    assert not math_answers_equal("x" * 2000, "x" * 2000)  # far too long to be a final answer
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "\\boxed{" + "$ " * 20000 + "}",  # once quadratic in normalize_number (minutes)
+        "<answer>" + "\\(" * 20000 + "</answer>",
+        "#### 5" + " " * 20000 + "x",
+        "#### x" + "* " * 20000,
+        "<answer>" + "1, " * 20000 + "</answer>",
+        "\\boxed{" + "\\frac{" * 5000 + "}" * 5000 + "}",
+    ],
+)
+def test_pathological_completions_stay_linear(completion):
+    assert accuracy_reward(completion, "\\frac{1}{2}") == 0.0 and accuracy_reward(completion, "3") == 0.0
 
 
 @pytest.mark.parametrize(
@@ -448,10 +679,11 @@ def test_scorer_counts_failures_and_never_raises(registry, caplog):
     assert junk_batch.failures == {"junk": 4}
 
 
-def test_scorer_non_numeric_gold_scores_zero_without_failure():
-    batch = RewardScorer(["accuracy_reward"]).score(["#### 1", "\\boxed{\\frac{1}{2}}"], ["1", "\\frac{1}{2}"])
+def test_scorer_non_numeric_golds():
+    completions = ["#### 1", "\\boxed{\\dfrac12}", "\\boxed{\\frac{1}{3}}", "\\boxed{(1, 2)}"]
+    batch = RewardScorer(["accuracy_reward"]).score(completions, ["1", "\\frac{1}{2}", "\\frac{1}{2}", "(1,2)"])
     assert batch.failures == {"accuracy_reward": 0}
-    np.testing.assert_array_equal(batch.total, [1.0, 0.0])
+    np.testing.assert_array_equal(batch.total, [1.0, 1.0, 0.0, 1.0])
 
 
 def test_scorer_passes_context_elementwise(registry):
@@ -551,3 +783,98 @@ def test_scorer_total_is_finite_and_bounded(completions, gate):
     assert batch.total.shape == (len(completions),)
     assert all(math.isfinite(value) and 0.0 <= value <= 1.75 for value in batch.total.tolist())
     assert sum(batch.failures.values()) == 0
+
+
+MATH_FRAGMENTS = FRAGMENTS + [
+    "\\dfrac", "\\tfrac", "\\sqrt", "\\sqrt[", "\\left(", "\\right)", "\\left", "\\right]", "^\\circ", "^{\\circ}",
+    "\\%", "x=", "y = ", "=", "(", ")", "[", "]", "\\mbox{", "\\mathrm{", "\\pi", "\\,", "\\!", "\\displaystyle",
+    "x", "^", "_", "3/4", "\\infty", "\\text{ cm}", "\\leq", "\u00b0", "\\boxed{x = ",
+]
+math_text = st.lists(st.one_of(st.sampled_from(MATH_FRAGMENTS), st.text(max_size=3)), max_size=30).map("".join)
+
+
+def fraction_spellings(value: Fraction, scale: int) -> list:
+    """Ways a MATH answer may write `value`: LaTeX fractions, a slash, a reducible fraction, a terminating decimal."""
+    p, q = value.numerator, value.denominator
+    spellings = [f"\\frac{{{p}}}{{{q}}}", f"{p}/{q}", f"\\dfrac{{{scale * p}}}{{{scale * q}}}"]
+    if p < 0:
+        spellings.append(f"-\\frac{{{-p}}}{{{q}}}")
+    if 0 <= p < 10 and q < 10:
+        spellings.append(f"\\frac{p}{q}")  # `\frac34` shorthand
+    if q == 1:
+        spellings.append(str(p))
+    if all(f in (2, 5) for f in _prime_factors(q)):
+        spellings.append(str(Decimal(p) / Decimal(q)))
+    return spellings
+
+
+def _prime_factors(n: int) -> list:
+    factors, d = [], 2
+    while n > 1:
+        while n % d == 0:
+            factors.append(d)
+            n //= d
+        d += 1
+    return factors
+
+
+small_fractions = st.builds(Fraction, st.integers(-60, 60), st.integers(1, 40))
+
+
+@FAST
+@given(math_text)
+def test_normalize_math_answer_never_raises_and_is_idempotent(text):
+    normal = normalize_math_answer(text)
+    assert normal is None or (isinstance(normal, str) and normal and normalize_math_answer(normal) == normal)
+
+
+@FAST
+@given(st.one_of(math_text, arbitrary_text), st.one_of(math_text, arbitrary_text))
+def test_math_answers_equal_is_symmetric_and_reflexive(first, second):
+    equal = math_answers_equal(first, second)
+    assert isinstance(equal, bool) and equal == math_answers_equal(second, first)
+    assert math_answers_equal(first, first) == (normalize_math_answer(first) is not None)
+
+
+@FAST
+@given(st.one_of(math_text, arbitrary_text), st.booleans())
+def test_extract_answer_text_never_raises_and_is_rewarded(text, fallback):
+    answer = extract_answer_text(text)
+    assert answer is None or (isinstance(answer, str) and answer == answer.strip() and answer)
+    if answer is not None and normalize_math_answer(answer) is not None:  # what extraction finds, accuracy rewards
+        assert accuracy_reward(text, answer, fallback_last_number=fallback) == 1.0
+
+
+@FAST
+@given(completion=st.one_of(math_text, arbitrary_text), gold=math_text, fallback=st.booleans())
+def test_accuracy_reward_is_total_on_math_text(completion, gold, fallback):
+    assert accuracy_reward(completion, gold, fallback_last_number=fallback) in (0.0, 1.0)
+    assert accuracy_reward(f"\\boxed{{{completion}}}", gold) in (0.0, 1.0)
+
+
+@FAST
+@given(small_fractions, small_fractions, st.integers(1, 5))
+def test_fraction_spellings_match_exactly(value, other, scale):
+    spellings, others = fraction_spellings(value, scale), fraction_spellings(other, scale)
+    for gold in spellings:
+        assert all(math_answers_equal(gold, answer) for answer in spellings)
+        if other != value:  # never a near miss
+            assert not any(math_answers_equal(gold, answer) for answer in others)
+    for answer in spellings:  # and the same through extraction from a completion
+        assert accuracy_reward(f"\\boxed{{{answer}}}", spellings[0]) == 1.0
+        assert accuracy_reward(f"#### {answer}", spellings[-1]) == 1.0
+        assert accuracy_reward(f"\\boxed{{{answer}}}", others[0]) == float(other == value)
+
+
+@FAST
+@given(st.lists(small_fractions, min_size=2, max_size=4), st.sampled_from(["()", "[]", "(]", "[)"]))
+def test_tuples_match_element_wise(values, brackets):
+    opening, closing = brackets
+    gold = opening + ", ".join(f"\\frac{{{v.numerator}}}{{{v.denominator}}}" for v in values) + closing
+    answer = f"\\left{opening}" + ",".join(f"{v.numerator}/{v.denominator}" for v in values) + f"\\right{closing}"
+    assert accuracy_reward(f"\\boxed{{{answer}}}", gold) == 1.0
+    swapped = "[" + answer[len("\\left("):] if opening == "(" else "(" + answer[len("\\left["):]
+    assert accuracy_reward(f"\\boxed{{{swapped}}}", gold) == 0.0  # other bracket: another interval
+    if values != values[::-1]:
+        reversed_answer = opening + ",".join(str(v) for v in values[::-1]) + closing
+        assert accuracy_reward(f"\\boxed{{{reversed_answer}}}", gold) == 0.0
