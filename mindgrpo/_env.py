@@ -42,6 +42,8 @@ def configure() -> None:
     log_root = os.path.join(cache_dir(), "mindformers")
     os.environ.setdefault("LOCAL_DEFAULT_PATH", log_root)
     os.environ.setdefault("LOG_MF_PATH", os.path.join(log_root, "log"))
+    # GRAPH compile failures dump analyze_fail.ir under ./rank_0/om unless MS_OM_PATH points elsewhere.
+    os.environ.setdefault("MS_OM_PATH", os.path.join(cache_dir(), "mindspore"))
     if not verbose:
         # MindFormers names its logger "mindformers" + log path and resets its level on first use; a
         # filter on the logger object itself survives that and applies to handlers added later.

@@ -1,0 +1,187 @@
+"""Read a Hugging Face Qwen2/Qwen2.5 ``config.json`` and turn it into a MindFormers ``LlamaConfig``.
+
+MindFormers' ``Qwen2ForCausalLM`` is inference-only and Ascend-only, so we build Qwen2 the MindRLHF way: a
+``LlamaForCausalLM`` with q/k/v bias, HF-style half rotation (``use_rope_slice``), plain-ops RMSNorm and plain
+attention. Everything that decides the architecture comes from ``config.json``; anything in it we cannot honour
+(sliding windows, RoPE scaling, another activation) is an error rather than a silently different model.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+PathLike = Union[str, Path]
+
+CONFIG_FILE = "config.json"
+GENERATION_CONFIG_FILE = "generation_config.json"
+SUPPORTED_MODEL_TYPES = ("qwen2",)
+# Keys without which the network shape is unknown. HF has defaults for them, but those are Qwen2-7B's, and a
+# config that omits them is far more likely truncated than meant to be 7B.
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ModelConfigError(ValueError):
+    """A model's config.json is missing, unreadable or describes a model mindgrpo cannot build."""
+
+
+@dataclass(frozen=True)
+class Qwen2Spec:
+    """The architecture of a Qwen2 model, normalised from config.json (the names follow Hugging Face)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    bos_token_id: Optional[int]
+    eos_token_id: Optional[int]
+    pad_token_id: Optional[int]
+
+
+def read_hf_config(model_dir: PathLike) -> dict:
+    """Load ``<model_dir>/config.json`` and check that it describes a Qwen2 model we can build.
+
+    Returns the raw dict (export writes it back, so unknown keys are kept). Raises FileNotFoundError when the folder
+    or file is missing and ModelConfigError for bad JSON, another model_type or missing/unsupported keys.
+    """
+    folder = Path(model_dir)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model folder {folder} does not exist: pass a Hugging Face model folder "
+                                f"(config.json + model.safetensors), e.g. one written by save_pretrained")
+    path = folder / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: {folder} is not a Hugging Face model folder "
+                                f"(expected config.json next to model.safetensors)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ModelConfigError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
+    if not isinstance(config, dict):
+        raise ModelConfigError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    qwen2_spec(config, source=str(path))  # validate now, so errors point at the file
+    return config
+
+
+def read_generation_config(model_dir: PathLike) -> Optional[dict]:
+    """``<model_dir>/generation_config.json`` as a dict, or None when the model has none."""
+    path = Path(model_dir) / GENERATION_CONFIG_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ModelConfigError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
+
+
+def _rope_theta(config: Mapping[str, Any], source: str) -> float:
+    """RoPE base: transformers 4.x and real Qwen2.5 checkpoints write ``rope_theta``, transformers 5 writes
+    ``rope_parameters.rope_theta``; some folders carry both, which must then agree."""
+    top = config.get("rope_theta")
+    params = config.get("rope_parameters") or {}
+    nested = params.get("rope_theta") if isinstance(params, dict) else None
+    if top is not None and nested is not None and not math.isclose(float(top), float(nested), rel_tol=1e-6):
+        raise ModelConfigError(f"{source}: rope_theta={top} and rope_parameters.rope_theta={nested} disagree; "
+                               "fix the file so both hold the model's RoPE base")
+    rope_type = params.get("rope_type", "default") if isinstance(params, dict) else "default"
+    scaling = config.get("rope_scaling")
+    if rope_type != "default" or (scaling and scaling.get("rope_type", scaling.get("type")) != "default"):
+        raise ModelConfigError(f"{source}: RoPE scaling ({scaling or params}) is not supported; mindgrpo builds "
+                               "plain RoPE. Remove rope_scaling for contexts within max_position_embeddings")
+    theta = top if top is not None else nested
+    return 10000.0 if theta is None else float(theta)  # transformers' default when neither is given
+
+
+def qwen2_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> Qwen2Spec:
+    """Validate a Qwen2 config dict and normalise it; ``source`` names the file in error messages."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelConfigError(f"{source}: model_type={model_type!r}, but mindgrpo builds only "
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/Qwen2.5) models")
+    missing = [key for key in REQUIRED_KEYS if key not in config]
+    if missing:
+        raise ModelConfigError(f"{source}: missing key(s) {', '.join(missing)}; copy config.json from the "
+                               "original model folder")
+    if config.get("hidden_act", "silu") != "silu":
+        raise ModelConfigError(f"{source}: hidden_act={config['hidden_act']!r} is not supported (Qwen2 uses silu)")
+    if config.get("use_sliding_window", False):
+        raise ModelConfigError(f"{source}: use_sliding_window=true is not supported; set it to false "
+                               "(Qwen2.5 checkpoints ship with it off)")
+    heads = int(config["num_attention_heads"])
+    hidden = int(config["hidden_size"])
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    if hidden % heads or heads % kv_heads:
+        raise ModelConfigError(f"{source}: hidden_size={hidden}, num_attention_heads={heads} and "
+                               f"num_key_value_heads={kv_heads} must divide evenly")
+    head_dim = hidden // heads
+    if config.get("head_dim") not in (None, head_dim):
+        raise ModelConfigError(f"{source}: head_dim={config['head_dim']} differs from hidden_size / "
+                               f"num_attention_heads = {head_dim}; MindFormers' Llama cannot build that")
+
+    def token(key: str) -> Optional[int]:
+        value = config.get(key)
+        return value[0] if isinstance(value, list) and value else value
+
+    return Qwen2Spec(
+        vocab_size=int(config["vocab_size"]), hidden_size=hidden,
+        intermediate_size=int(config["intermediate_size"]), num_hidden_layers=int(config["num_hidden_layers"]),
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim,
+        rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(config, source),
+        max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        bos_token_id=token("bos_token_id"), eos_token_id=token("eos_token_id"), pad_token_id=token("pad_token_id"))
+
+
+def check_dtype(name: str, value: str) -> str:
+    if value not in DTYPES:
+        raise ValueError(f"{name}={value!r}: expected one of {', '.join(DTYPES)}")
+    return value
+
+
+def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int,
+                 parallel_config: Any = None, overrides: Optional[Mapping[str, Any]] = None):
+    """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2.
+
+    ``overrides`` passes engine settings (``use_past``, ``block_size``, ...) through; keys that define the
+    architecture are refused, because they come from config.json.
+    """
+    from mindformers.models.llama import LlamaConfig  # heavy import, only when a model is built
+
+    check_dtype("compute_dtype", compute_dtype)
+    check_dtype("param_dtype", param_dtype)
+    pad = spec.pad_token_id if spec.pad_token_id is not None else spec.eos_token_id
+    kwargs = dict(
+        batch_size=1, seq_length=seq_length, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        num_layers=spec.num_hidden_layers, num_heads=spec.num_attention_heads, n_kv_heads=spec.num_key_value_heads,
+        intermediate_size=spec.intermediate_size, max_position_embedding=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps, theta=spec.rope_theta, tie_word_embeddings=spec.tie_word_embeddings,
+        qkv_has_bias=True, attn_proj_has_bias=False, qkv_concat=False,
+        use_rope_slice=True,  # HF rotate_half (concat(-x2, x1)), not the interleaved swap matrix
+        fused_rms_norm=False, use_flash_attention=False,  # the fused kernels are Ascend-only
+        compute_dtype=compute_dtype, param_init_type=param_dtype, embedding_init_type=param_dtype,
+        # HF Qwen2 normalises and softmaxes in fp32 whatever the weights are; RoPE tables stay fp32 too.
+        layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
+        pad_token_id=0 if pad is None else pad,
+        bos_token_id=0 if spec.bos_token_id is None else spec.bos_token_id,
+        eos_token_id=0 if spec.eos_token_id is None else spec.eos_token_id,
+        use_past=False, is_dynamic=False, checkpoint_name_or_path="")
+    if parallel_config is not None:
+        kwargs["parallel_config"] = parallel_config
+    architecture = {"vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
+                    "rms_norm_eps", "theta", "tie_word_embeddings", "qkv_has_bias", "use_rope_slice",
+                    "compute_dtype", "param_init_type", "embedding_init_type", "seq_length"}
+    for key, value in (overrides or {}).items():
+        if key in architecture:
+            raise ValueError(f"llama_overrides[{key!r}] is set by config.json or build_model's arguments; "
+                             "remove it from llama_overrides")
+        kwargs[key] = value
+    return LlamaConfig(**kwargs)
