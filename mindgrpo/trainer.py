@@ -1,0 +1,296 @@
+"""GRPOTrainer: rollout, score, advantages, reference and old log-probs, clipped update, weight sync.
+
+``GRPOTrainer(config).train()`` runs the whole job; ``train_step()`` is one step, readable top to bottom in
+:meth:`GRPOTrainer.train_step`. Everything that touches MindSpore graphs lives in :mod:`mindgrpo.policy`; this
+module is the orchestration and the bookkeeping (metrics, checkpoints, resume).
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import numpy as np
+
+from mindgrpo import checkpoint as ckpt
+from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
+from mindgrpo.data import PromptBatch, PromptDataset
+from mindgrpo.distributed import DistInfo, all_reduce_sum, init_distributed
+from mindgrpo.metrics import MetricsLogger, throughput_tps
+from mindgrpo.rewards import RewardScorer
+from mindgrpo.tokenizer import load_tokenizer
+
+
+class TrainingError(RuntimeError):
+    """The run cannot continue (e.g. repeated non-finite updates)."""
+
+
+@dataclass
+class Rollouts:
+    """One step's batch on this rank, prompt-major: completion i belongs to prompt i // num_generations."""
+    input_ids: np.ndarray        # int32 [N, P + T]: left-padded prompt, then right-padded completion
+    attention_mask: np.ndarray   # int32 [N, P + T]
+    completion_ids: np.ndarray   # int32 [N, T]
+    completion_mask: np.ndarray  # int32 [N, T]
+    prompt_lengths: np.ndarray   # int32 [N]
+    prompt_width: int            # P: the padded prompt length (a bucket)
+
+
+def bucket(length: int, multiple: int, cap: int) -> int:
+    """Round up to a multiple so GRAPH mode sees few distinct shapes (each new shape compiles once)."""
+    return min(cap, max(multiple, -(-length // multiple) * multiple))
+
+
+class GRPOTrainer:
+    """Trains a Qwen2.5 policy with GRPO from a :class:`~mindgrpo.config.GRPOConfig`."""
+
+    def __init__(self, config: GRPOConfig, *, check_paths: bool = True):
+        import mindspore as ms
+
+        from mindgrpo.policy import Policy
+
+        self.config = validate(config, check_paths=check_paths)
+        rl = config.rl_config
+        self.dist: DistInfo = init_distributed()
+        ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
+        if rl.device_target != "auto":
+            ms.set_device(rl.device_target)
+        self.device_target = ms.get_context("device_target")
+        ms.set_seed(rl.seed)
+        random.seed(rl.seed)
+        np.random.seed(rl.seed)
+
+        self.tokenizer = load_tokenizer(config.tokenizer_dir)
+        self.dataset = PromptDataset(rl.dataset_file)
+        group = rl.batch_size * rl.num_generations
+        for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
+                          ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
+            if group % size:
+                raise ValueError(f"{key} = {size} must divide rl_config.batch_size x num_generations = {group} "
+                                 "so every micro-batch has the same static shape")
+        self.policy = Policy(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
+                             pad_token_id=self.tokenizer.pad_token_id)
+        hf = self.policy.hf_config
+        check_parallel_layout(config.actor_config.parallel_config, world_size=self.dist.world_size,
+                              num_heads=hf["num_attention_heads"],
+                              num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
+                              num_layers=hf["num_hidden_layers"], device_target=self.device_target)
+        self.scorer = RewardScorer(config.reward_config.verifier_function, config.reward_config.verifier_weight,
+                                   gate_accuracy_on_format=config.reward_config.gate_accuracy_on_format,
+                                   fallback_last_number=config.reward_config.fallback_last_number)
+
+        steps_per_epoch = self.dataset.steps_per_epoch(rl.batch_size, self.dist.world_size)
+        self.total_steps = rl.max_steps or rl.epochs * steps_per_epoch
+        self.output_dir = Path(rl.output_dir)
+        self.checkpoints = ckpt.CheckpointManager(config.checkpoint_dir, keep_last=rl.save_max_ckpt_num)
+        self.step = 0
+        self.skipped_in_a_row = 0
+        if rl.resume_training:
+            self._resume()
+        if self.dist.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            dump_yaml(config, self.output_dir / "config.yaml")
+        self.metrics = MetricsLogger(self.output_dir, rank=self.dist.rank, total_steps=self.total_steps)
+        if self.step:
+            self.metrics.truncate_after(self.step)
+        self._batches: Iterator[PromptBatch] = self.dataset.batches(
+            rl.batch_size, seed=rl.seed, rank=self.dist.rank, world_size=self.dist.world_size)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def train(self) -> Dict[str, float]:
+        """Run until ``total_steps``; returns the last step's metrics."""
+        rl = self.config.rl_config
+        last: Dict[str, float] = {}
+        try:
+            while self.step < self.total_steps:
+                last = self.train_step()
+                if rl.save_ckpt_interval and self.step % rl.save_ckpt_interval == 0:
+                    self.save_checkpoint()
+            if not self.checkpoints.list() or ckpt_step(self.checkpoints.list()[-1]) != self.step:
+                self.save_checkpoint()
+        finally:
+            self.metrics.close()
+        return last
+
+    def train_step(self) -> Dict[str, float]:
+        """One GRPO step on this rank's batch of prompts."""
+        rl, sampling = self.config.rl_config, self.config.generate_config.sampling_config
+        timings: Dict[str, float] = {}
+        step_start = time.perf_counter()
+        batch = next(self._batches)
+
+        # 1. Rollout: num_generations completions per prompt from the current policy.
+        with _timed(timings, "timing/rollout"):
+            rollout = self.policy.generate(batch.prompt_ids, seed=self._sampling_seed())
+        data = self._pack(batch, rollout.completion_ids, rollout.completion_mask)
+
+        # 2. Score every completion with the rule-based verifiers.
+        completions = self.tokenizer.batch_decode(
+            [ids[mask.astype(bool)] for ids, mask in zip(data.completion_ids, data.completion_mask)])
+        golds = [g for g in batch.golds for _ in range(rl.num_generations)]
+        questions = [q for q in batch.questions for _ in range(rl.num_generations)]
+        rewards = self.scorer.score(completions, golds, question=questions)
+
+        # 3. Group-relative advantages (groups never straddle ranks: each rank holds whole groups).
+        advantages, zero_std_groups = self.policy.advantages(rewards.total)
+
+        # 4. Reference log-probs for the KL penalty (skipped when beta = 0).
+        with _timed(timings, "timing/reference_model"):
+            ref_logp = self.policy.reference_logprobs(data) if rl.beta > 0 else None
+
+        # 5. Log-probs of the sampling policy, needed to clip the ratio over several passes.
+        with _timed(timings, "timing/old_log_p"):
+            old_logp = self.policy.actor_logprobs(data) if rl.num_iterations > 1 else None
+
+        # 6. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
+        with _timed(timings, "timing/update"):
+            update = self.policy.update(data, advantages, old_logp, ref_logp, global_step=self.step,
+                                        total_steps=self.total_steps)
+        if update["skipped"]:
+            self.skipped_in_a_row += 1
+            if self.skipped_in_a_row > rl.max_skipped_steps:
+                raise TrainingError(
+                    f"step {self.step}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient; "
+                    "the weights are those of the last good update. Lower actor_config.lr_schedule.learning_rate, "
+                    "keep actor_config.optimizer.max_grad_norm > 0, or check the data and rewards")
+        else:
+            self.skipped_in_a_row = 0
+
+        # 7. Make the rollout engine see the new weights.
+        with _timed(timings, "timing/resharding_to_infer"):
+            self.policy.sync_weights()
+
+        timings["timing/all"] = time.perf_counter() - step_start
+        self.step += 1
+        metrics = self._step_metrics(data, rewards, advantages, zero_std_groups, update, timings)
+        self.metrics.log(self.step, metrics)
+        if rl.save_prompt_completions_data and self.step % max(1, rl.save_prompt_completions_interval) == 0:
+            self._log_completions(batch, completions, golds, rewards)
+        return metrics
+
+    # ------------------------------------------------------------------------------------------------------------
+    def _sampling_seed(self) -> int:
+        """Derived from (seed, step, rank) alone, so a resumed run samples exactly what the original would."""
+        return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.rank])
+                   .generate_state(1)[0] & 0x7FFFFFFF)
+
+    def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
+        """Left-pad prompts to a bucket P, append the completions: every row is [pad..., prompt, completion, pad...]."""
+        rl = self.config.rl_config
+        g = rl.num_generations
+        lengths = np.repeat(batch.lengths.astype(np.int32), g)
+        width = bucket(int(lengths.max()), 64, rl.max_prompt_length)
+        n, t = completion_ids.shape
+        prompt = np.full((n, width), self.tokenizer.pad_token_id, np.int32)
+        prompt_mask = np.zeros((n, width), np.int32)
+        for i, ids in enumerate(batch.prompt_ids):
+            for j in range(g):
+                prompt[i * g + j, width - len(ids):] = ids
+                prompt_mask[i * g + j, width - len(ids):] = 1
+        completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
+        return Rollouts(np.concatenate([prompt, completion_ids], 1), np.concatenate([prompt_mask, completion_mask], 1)
+                        .astype(np.int32), completion_ids, completion_mask.astype(np.int32), lengths, width)
+
+    def _step_metrics(self, data: Rollouts, rewards, advantages, zero_std_groups: int, update: Dict[str, float],
+                      timings: Dict[str, float]) -> Dict[str, float]:
+        rl = self.config.rl_config
+        # Rewards and lengths are reduced over ranks so every rank logs (and rank 0 writes) global figures.
+        resp = data.completion_mask.sum(1).astype(np.float64)
+        prompt = data.prompt_lengths.astype(np.float64)
+        local = {"reward": rewards.total.astype(np.float64), "resp": resp, "prompt": prompt}
+        sums = all_reduce_sum(np.array([local[k].sum() for k in local] + [len(resp)]), self.dist)
+        count = sums[-1]
+        mins_maxs = np.concatenate([[v.min(), -v.max()] for v in local.values()])
+        # min and max through a sum of one-hot rank slots keeps to AllReduce(sum), the one collective we rely on
+        slots = np.zeros((self.dist.world_size, mins_maxs.size))
+        slots[self.dist.rank] = mins_maxs
+        gathered = all_reduce_sum(slots, self.dist)
+        lo, neg_hi = gathered.min(0)[0::2], gathered.min(0)[1::2]
+        metrics: Dict[str, float] = {
+            "grpo/rewards/mean": sums[0] / count, "grpo/rewards/min": lo[0], "grpo/rewards/max": -neg_hi[0],
+            "response_length/mean": sums[1] / count, "response_length/min": lo[1], "response_length/max": -neg_hi[1],
+            "prompt_length/mean": sums[2] / count, "prompt_length/min": lo[2], "prompt_length/max": -neg_hi[2],
+        }
+        verifier_sums = all_reduce_sum(np.array([v.sum() for v in rewards.per_verifier.values()] +
+                                                [float(f) for f in rewards.failures.values()] +
+                                                [float(zero_std_groups)]), self.dist)
+        k = len(rewards.per_verifier)
+        for i, name in enumerate(rewards.per_verifier):
+            metrics[f"grpo/rewards/{short_name(name)}"] = verifier_sums[i] / count
+        for i, name in enumerate(rewards.failures):
+            metrics[f"grpo/verifier_failures/{short_name(name)}"] = verifier_sums[k + i]
+        metrics["grpo/zero_std_groups"] = verifier_sums[-1]
+        metrics["grpo/advantages/abs_mean"] = float(np.abs(advantages).mean())
+        metrics.update(update)
+        metrics.update(timings)
+        per_sample_prompt, per_sample_resp = sums[2] / count, sums[1] / count
+        prompts, world = rl.batch_size * self.dist.world_size, self.dist.world_size
+        for name, key in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"), ("vllm_tps", "timing/rollout")):
+            metrics[name] = throughput_tps(per_sample_prompt, per_sample_resp, prompts, rl.num_generations, world,
+                                           timings[key])
+        metrics["epoch"] = float(self.dataset.state_dict()["epoch"])
+        return {k: float(v) for k, v in metrics.items()}
+
+    def _log_completions(self, batch: PromptBatch, completions: List[str], golds: List[str], rewards) -> None:
+        g = self.config.rl_config.num_generations
+        records = []
+        for i, text in enumerate(completions):
+            records.append({
+                "prompt": self.tokenizer.decode(batch.prompt_ids[i // g], skip_special_tokens=False),
+                "completion": text, "gold": golds[i], "reward": float(rewards.total[i]),
+                "rewards": {name: float(v[i]) for name, v in rewards.per_verifier.items()},
+            })
+        self.metrics.log_completions(self.step, records)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def save_checkpoint(self) -> Optional[Path]:
+        """Actor weights (HF safetensors), optimizer moments and trainer state, atomically; rank 0 writes."""
+        if not self.dist.is_main:
+            return None
+        state = {"step": self.step, "data": self.dataset.state_dict(), "rng": ckpt.rng_state(),
+                 "skipped_in_a_row": self.skipped_in_a_row,
+                 "seed": self.config.rl_config.seed}
+        return self.checkpoints.save(self.step, {
+            "model": self.policy.export,
+            "optimizer": lambda d: ckpt.save_arrays(d / "optimizer.safetensors", self.policy.optimizer.state_arrays()),
+            "trainer": lambda d: ckpt.save_json(d / "trainer_state.json", state),
+        })
+
+    def _resume(self) -> None:
+        path = self.checkpoints.latest()
+        if path is None:
+            if self.dist.is_main:
+                print(f"[mindgrpo] --resume_training: no complete checkpoint in {self.checkpoints.save_dir}; "
+                      "starting from step 0", flush=True)
+            return
+        state = ckpt.load_json(path / "trainer" / "trainer_state.json")
+        self.policy.load_weights(path / "model")
+        self.policy.optimizer.load_state_arrays(ckpt.load_arrays(path / "optimizer" / "optimizer.safetensors"))
+        self.dataset.load_state_dict(state["data"])
+        ckpt.set_rng_state(state["rng"])
+        self.step, self.skipped_in_a_row = int(state["step"]), int(state["skipped_in_a_row"])
+        if self.dist.is_main:
+            print(f"[mindgrpo] resumed from {path} at step {self.step}", flush=True)
+
+
+def short_name(verifier: str) -> str:
+    """Metric-friendly verifier name: ``pkg.mod:func`` -> ``func`` (TensorBoard tags do not keep ':')."""
+    return verifier.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
+
+
+def ckpt_step(path: Path) -> int:
+    return int(path.name.rsplit("_", 1)[-1])
+
+
+@contextmanager
+def _timed(timings: Dict[str, float], key: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[key] = timings.get(key, 0.0) + time.perf_counter() - start

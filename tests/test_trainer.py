@@ -1,0 +1,215 @@
+"""GRPOTrainer end to end on the tiny fixture: metrics, checkpoints, exact resume (also after SIGKILL), msrun DP."""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindgrpo.config import GRPOConfig
+from mindgrpo.metrics import METRIC_NAMES, read_metrics
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory, gsm8k_dir_module, tiny_dir_module):
+    """48 GSM8K test questions whose prompts (gsm8k_hash template) are 65..128 tokens long: one shape bucket, so
+    the step graphs compile once."""
+    from mindgrpo.data import convert_dataset, render_prompt
+    from mindgrpo.tokenizer import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("prompts")
+    tokenizer = load_tokenizer(tiny_dir_module)
+    rows = [line for line in (gsm8k_dir_module / "test.jsonl").read_text(encoding="utf-8").splitlines()
+            if 65 <= len(tokenizer.encode(render_prompt("gsm8k_hash", json.loads(line)["question"]))) <= 128][:48]
+    (folder / "small.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    out = folder / "small.mindrecord"
+    convert_dataset(folder / "small.jsonl", out, tokenizer, dataset_type="gsm8k",
+                    prompt_template="gsm8k_hash", max_prompt_length=192, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def gsm8k_dir_module():
+    from conftest import shared_path
+    return shared_path("data", "gsm8k")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir_module():
+    from conftest import shared_path
+    return shared_path("fixtures", "tiny-qwen2.5")
+
+
+def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
+    cfg = GRPOConfig()
+    cfg.rl_config.dataset_file = str(dataset)
+    cfg.rl_config.output_dir = str(out)
+    cfg.rl_config.batch_size = 2
+    cfg.rl_config.num_generations = 4
+    cfg.rl_config.max_prompt_length = 192
+    cfg.rl_config.seq_length = 256
+    cfg.rl_config.beta = 0.04
+    cfg.rl_config.save_ckpt_interval = 2
+    cfg.rl_config.save_max_ckpt_num = 2
+    cfg.rl_config.loss_impl = "plain"
+    cfg.actor_config.load = str(model)
+    cfg.actor_config.micro_batch_size = 4
+    cfg.actor_config.lr_schedule.learning_rate = 1e-3  # large, so weights visibly move in a few steps
+    cfg.ref_config.ref_model_batch_size = 8
+    cfg.generate_config.infer_model_batch_size = 8
+    cfg.generate_config.sampling_config.max_tokens = 12
+    cfg.reward_config.verifier_function = ["accuracy_reward", "toy_verifiers:digit_share"]
+    cfg.reward_config.verifier_weight = [1.0, 1.0]
+    for key, value in rl.items():
+        setattr(cfg.rl_config, key, value)
+    return cfg
+
+
+def final_weights(run: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    newest = sorted((run / "checkpoints").glob("step_*"))[-1]
+    return load_file(newest / "model" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, prompts, tiny_dir_module):
+    """Two steps in one process; shared by the checks below (one compile for all of them)."""
+    from mindgrpo.trainer import GRPOTrainer
+
+    out = tmp_path_factory.mktemp("run")
+    trainer = GRPOTrainer(make_config(out, prompts, tiny_dir_module, max_steps=2, num_iterations=2))
+    trainer.train()
+    return out, trainer
+
+
+def test_metrics_jsonl_and_tensorboard_have_every_metric(trained_run):
+    out, _ = trained_run
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    expected = set(METRIC_NAMES) | {"grpo/rewards/accuracy_reward", "grpo/rewards/digit_share"}
+    missing = expected - set(rows[-1])
+    assert not missing, missing
+    assert all(np.isfinite(rows[-1][name]) for name in expected)
+    assert rows[-1]["response_length/max"] <= 12 and rows[-1]["timing/all"] > 0
+    assert rows[-1]["actor/kl_loss"] > 0  # two passes over each batch: the policy moved away from the reference
+    events = list((out / "tensorboard").glob("events.out.tfevents.*"))
+    assert events and sum(e.stat().st_size for e in events) > 1000
+    blob = b"".join(e.read_bytes() for e in events)
+    for name in expected:
+        assert name.encode() in blob, name
+
+
+def test_completions_and_checkpoint(trained_run):
+    out, trainer = trained_run
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 2 * 2 * 4 and {"prompt", "completion", "gold", "reward", "rewards"} <= set(records[0])
+    assert records[0]["prompt"].startswith("<|im_start|>user\n")
+    ckpt = out / "checkpoints" / "step_00000002"
+    assert (ckpt / "manifest.json").is_file()
+    assert {"model", "optimizer", "trainer"} <= {p.name for p in ckpt.iterdir()}
+    from mindgrpo.models import state_dict_hf
+
+    saved, live = final_weights(out), state_dict_hf(trainer.policy.actor)
+    assert saved.keys() == live.keys()
+    for name in saved:
+        np.testing.assert_array_equal(saved[name], live[name])
+
+
+def test_weights_moved(trained_run, tiny_dir_module):
+    from mindgrpo.models import build_model, state_dict_hf
+
+    _, trainer = trained_run
+    start = state_dict_hf(build_model(tiny_dir_module, role="reference"))
+    now = state_dict_hf(trainer.policy.actor)
+    assert max(np.abs(now[k] - start[k]).max() for k in now) > 1e-4
+
+
+def _run_main(config_yaml: Path, *extra, wait=True):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    cmd = [sys.executable, str(REPO / "examples" / "grpo" / "main.py"), "--config", str(config_yaml), *extra]
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+def _write_yaml(path: Path, cfg: GRPOConfig) -> Path:
+    from mindgrpo.config import dump_yaml
+
+    dump_yaml(cfg, path)
+    return path
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_is_exact(tmp_path, prompts, tiny_dir_module):
+    """4 steps straight == 2 steps, SIGKILL right after the step-2 save, then --resume_training to step 4."""
+    straight = _write_yaml(tmp_path / "straight.yaml",
+                           make_config(tmp_path / "straight", prompts, tiny_dir_module, max_steps=4))
+    _run_main(straight)
+
+    cfg = make_config(tmp_path / "killed", prompts, tiny_dir_module, max_steps=4)
+    killed = _write_yaml(tmp_path / "killed.yaml", cfg)
+    proc = _run_main(killed, wait=False)
+    saved = tmp_path / "killed" / "checkpoints" / "step_00000002" / "manifest.json"
+    deadline = time.time() + 900
+    while not saved.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert saved.exists(), proc.communicate()[0][-3000:] if proc.poll() is not None else "no checkpoint in time"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (tmp_path / "killed" / "checkpoints" / "step_00000004").exists()
+    _run_main(killed, "--resume_training")
+
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "killed")
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], atol=1e-6, rtol=0, err_msg=name)
+    steps = [r["step"] for r in read_metrics(tmp_path / "killed" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_msrun_two_ranks_stay_identical(tmp_path, prompts, tiny_dir_module):
+    cfg = make_config(tmp_path / "dp", prompts, tiny_dir_module, max_steps=3, loss_type="dapo")
+    cfg.actor_config.parallel_config.data_parallel = 2
+    cfg_path = _write_yaml(tmp_path / "dp.yaml", cfg)
+    script = tmp_path / "dump_ranks.py"
+    script.write_text(f"""
+import sys, numpy as np
+import mindgrpo
+from mindgrpo.config import load_config
+from mindgrpo.trainer import GRPOTrainer
+from mindgrpo.models import state_dict_hf
+trainer = GRPOTrainer(load_config({str(cfg_path)!r}))
+trainer.train()
+np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.policy.actor))
+""")
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
+    logs = "".join(p.read_text(errors="replace")[-2000:] for p in (tmp_path / "msrun_log").glob("*.log"))
+    assert done.returncode == 0, logs
+    r0, r1 = np.load(tmp_path / "rank0.npz"), np.load(tmp_path / "rank1.npz")
+    for name in r0.files:
+        np.testing.assert_array_equal(r0[name], r1[name], err_msg=name)
+    from mindgrpo.models import build_model, state_dict_hf
+
+    initial = state_dict_hf(build_model(tiny_dir_module, role="reference"))
+    assert max(np.abs(r0[k] - initial[k]).max() for k in r0.files) > 1e-4  # they trained, in lockstep
+    rows = read_metrics(tmp_path / "dp" / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
