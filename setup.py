@@ -13,7 +13,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10,<3.12",
     packages=find_packages(include=["mindgrpo", "mindgrpo.*"]),
-    package_data={"mindgrpo": ["ops/kernels/*", "assets/*", "assets/**/*"]},
+    package_data={"mindgrpo": ["ops/kernels/*", "ops/kernels/**/*"]},
     include_package_data=True,
     install_requires=[
         "mindspore==2.9.0",

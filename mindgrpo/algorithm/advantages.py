@@ -1,0 +1,58 @@
+"""Group-relative advantages (GRPO): each completion's reward against the other completions of its prompt."""
+from __future__ import annotations
+
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, ops
+
+SCALE_REWARDS = ("group", "batch", "none")
+# TRL adds 1e-4 to the std (verl uses 1e-6); it keeps all-equal groups finite and is negligible otherwise.
+DEFAULT_STD_EPS = 1e-4
+
+
+def group_advantages(rewards, group_size: int, scale_rewards: str = "group",
+                     eps: float = DEFAULT_STD_EPS) -> tuple[Tensor, Tensor]:
+    """Advantages ``(r - mean_group) / (std + eps)`` for rewards laid out as consecutive groups.
+
+    Args:
+        rewards: [N] rewards (MindSpore tensor or numpy array), ``N = num_prompts * group_size``, completions of one
+            prompt next to each other (the order the rollout produces).
+        group_size: completions per prompt (``num_generations``).
+        scale_rewards: ``"group"`` divides by each group's std (GRPO, TRL default); ``"batch"`` by the std of all N
+            rewards (more robust when many groups are nearly constant, as in TRL / "Tricks or Traps"); ``"none"``
+            does not divide (Dr. GRPO: the std division biases towards too easy / too hard prompts).
+        eps: added to the std before dividing.
+
+    The std is the **unbiased** one (divides by n - 1), as TRL and verl compute it with ``torch.std``; a group of
+    size 1 has no spread, so its advantage is 0.
+
+    Returns:
+        ``(advantages [N] float32, zero_std_groups)`` where ``zero_std_groups`` (int32 scalar tensor) counts the
+        groups whose rewards are all equal: they give no learning signal, and the trainer logs how many there were.
+    """
+    if scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
+    if group_size < 1:
+        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if isinstance(rewards, np.ndarray):
+        rewards = Tensor(rewards.astype(np.float32))
+    rewards = rewards.astype(ms.float32)
+    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
+        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+                         f"got shape {tuple(rewards.shape)}")
+    num_groups = rewards.shape[0] // group_size
+    if group_size == 1:
+        return ops.zeros_like(rewards), Tensor(num_groups, ms.int32)
+
+    grouped = rewards.reshape(num_groups, group_size)
+    centered = grouped - grouped.mean(axis=1, keep_dims=True)
+    all_equal = ops.equal(grouped.max(axis=1), grouped.min(axis=1))
+    zero_std_groups = all_equal.astype(ms.int32).sum()
+    if scale_rewards == "none":
+        return centered.reshape(-1), zero_std_groups
+    if scale_rewards == "group":
+        std = ops.sqrt((centered * centered).sum(axis=1, keepdims=True) / (group_size - 1))
+    else:
+        batch_centered = rewards - rewards.mean()
+        std = ops.sqrt((batch_centered * batch_centered).sum() / (rewards.shape[0] - 1))
+    return (centered / (std + eps)).reshape(-1), zero_std_groups

@@ -1,0 +1,41 @@
+"""Per-token estimators of KL(pi || pi_ref) from log-probs, as in verl's ``kl_penalty`` (Schulman's k1/k2/k3)."""
+from __future__ import annotations
+
+from mindspore import Tensor, ops
+
+# Canonical names; the fused kernels use the index into this tuple (mindgrpo.ops.KL_CODES mirrors it).
+KL_ESTIMATORS = ("k1", "k2", "k3")
+# verl's names for the same estimators.
+_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+
+# verl's low_var_kl clamps: the log-ratio before exp (no overflow) and the estimate itself (bounded penalty).
+K3_LOG_RATIO_CLAMP = 20.0
+K3_VALUE_CLAMP = 10.0
+
+
+def canonical_kl_estimator(name: str) -> str:
+    """Map a KL estimator name (``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``) to its canonical form."""
+    canonical = _ALIASES.get(name, name)
+    if canonical not in KL_ESTIMATORS:
+        raise ValueError(f"unknown kl_estimator {name!r}; choose one of {KL_ESTIMATORS} "
+                         f"(or verl's names {tuple(_ALIASES)})")
+    return canonical
+
+
+def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:
+    """Per-token KL estimate between the policy (``logp``) and the reference (``ref_logp``), same shape.
+
+    * ``k1`` (verl ``kl``): ``logp - ref``. Unbiased, high variance, can be negative.
+    * ``k2`` (verl ``mse``): ``0.5 * (logp - ref)^2``. Its gradient is the unbiased KL gradient.
+    * ``k3`` (verl ``low_var_kl``, TRL's estimator): ``exp(ref - logp) - (ref - logp) - 1``, non-negative and
+      low variance. As in verl the log-ratio is clamped to [-20, 20] and the result to [-10, 10]; a clamp that
+      binds stops the gradient. (TRL does not clamp; the two agree whenever |ref - logp| < ~2.5.)
+    """
+    estimator = canonical_kl_estimator(estimator)
+    if estimator == "k1":
+        return logp - ref_logp
+    if estimator == "k2":
+        diff = logp - ref_logp
+        return 0.5 * diff * diff
+    log_ratio = ops.clamp(ref_logp - logp, -K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP)
+    return ops.clamp(ops.exp(log_ratio) - log_ratio - 1.0, -K3_VALUE_CLAMP, K3_VALUE_CLAMP)

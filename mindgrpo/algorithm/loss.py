@@ -1,0 +1,220 @@
+"""The GRPO policy loss: clipped importance-weighted surrogate + beta * KL, reduced per ``loss_type``.
+
+Per token (completion i, position t; m = completion mask, A = advantage):
+
+    r   = exp(logp - old)                          # old = logp detached when on-policy (num_iterations = 1)
+    pg  = -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A)
+    kl  = estimator(logp, ref)  [* r  when use_bias_correction_kl]
+    l   = pg + beta * kl
+
+then one scalar, where G = ``grad_accum_steps`` and W = ``dp_size``:
+
+    grpo     mean_i( sum_t m*l / max(1, sum_t m) ) / G
+    bnpo     sum_{i,t} m*l / max(1, sum_{i,t} m) / G
+    dr_grpo  sum_{i,t} m*l / (B_local * max_completion_length) / G
+    dapo     sum_{i,t} m*l * W / max(1, num_items_in_batch)
+
+**Gradient accumulation and data parallelism.** The trainer *sums* the gradients of its G micro-batches and the
+data-parallel reducer *averages* over the W ranks (``nn.DistributedGradReducer``'s default). With the factors above:
+
+* ``dapo`` gives exactly the gradient of one big batch whose token-mean loss is sum(m*l) / N, because the caller
+  passes ``num_items_in_batch`` = N, the active completion tokens summed over all micro-batches of the optimizer
+  step *and* all ranks (the x W undoes the reducer's mean). Short and long micro-batches weigh by their tokens.
+* ``grpo`` and ``dr_grpo`` give the mean over micro-batches and ranks of per-micro-batch means, which is the big
+  batch's value when micro-batches have the same number of sequences (dr_grpo's divisor is a constant).
+* ``bnpo`` normalises by the local token count, so it averages micro-batch token means (TRL's behaviour); use
+  ``dapo`` when that difference matters.
+
+With G = W = 1 these are TRL 1.16's formulas (``_compute_loss``); the test suite holds them to TRL's own numbers.
+The per-token part runs either as one fused custom op (``impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
+(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from mindgrpo.algorithm.kl import canonical_kl_estimator, kl_penalty
+from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPLS = ("fused", "plain")
+# Names of the entries of grpo_loss's metrics vector, in order: the masked token means of ROW_STATS[1:7] (see
+# mindgrpo.ops.ROW_STATS and batch_means; the last column, the ratio, is left to callers of the row functions).
+METRICS = ("pg_loss", "kl", "clipfrac_low", "clipfrac_high", "clipfrac", "ppo_kl")
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """How the GRPO loss is computed (names follow TRL's GRPOConfig and verl's actor config).
+
+    Attributes:
+        loss_type: token-loss reduction (see the module docstring). ``"grpo"``: mean over each sequence's tokens,
+            then over sequences (DeepSeekMath; long completions weigh less per token). ``"bnpo"``: mean over all
+            active tokens of the local batch. ``"dr_grpo"``: sum divided by the constant ``B *
+            max_completion_length`` (Dr. GRPO, no length bias). ``"dapo"`` (TRL's default): sum divided by the
+            active tokens of the whole global batch (DAPO's token-level loss, exact under accumulation / DP).
+        beta: KL coefficient (TRL ``beta``, verl ``kl_loss_coef``); 0 disables the KL term and the reference model.
+        epsilon_low: lower clip, the ratio is clipped at ``1 - epsilon_low`` (TRL ``epsilon``, verl ``clip_ratio_low``).
+        epsilon_high: upper clip at ``1 + epsilon_high`` (TRL/verl ``epsilon_high``/``clip_ratio_high``); DAPO's
+            clip-higher uses 0.28 to keep exploration alive. Defaults to ``epsilon_low`` as in TRL.
+        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (verl ``kl_loss_type``: ``kl``, ``mse``, ``low_var_kl``; see
+            mindgrpo.algorithm.kl). TRL always uses k3.
+        use_bias_correction_kl: multiply the KL estimate by the importance ratio, not detached (TRL 1.16 default,
+            from DeepSeek-V3.2: unbiased KL gradient when sampling off-policy). Only matters when ``beta > 0``.
+        max_completion_length: the generation length limit; required by ``dr_grpo`` (its constant divisor).
+        impl: ``"fused"`` (one custom op for the per-token work, CPU AOT kernel or Ascend C) or ``"plain"``
+            (MindSpore element-wise ops; the reference).
+    """
+
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon_low: float = 0.2
+    epsilon_high: float | None = None
+    kl_estimator: str = "k3"
+    use_bias_correction_kl: bool = True
+    max_completion_length: int | None = None
+    impl: str = "fused"
+
+    def __post_init__(self) -> None:
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.impl not in IMPLS:
+            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.beta < 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta}")
+        if self.epsilon_high is None:
+            object.__setattr__(self, "epsilon_high", self.epsilon_low)
+        if not 0 <= self.epsilon_low < 1 or self.epsilon_high < 0:
+            raise ValueError(f"need 0 <= epsilon_low < 1 and epsilon_high >= 0, got "
+                             f"{self.epsilon_low} and {self.epsilon_high}")
+        object.__setattr__(self, "kl_estimator", canonical_kl_estimator(self.kl_estimator))
+        if self.loss_type == "dr_grpo" and not (self.max_completion_length and self.max_completion_length > 0):
+            raise ValueError("loss_type='dr_grpo' divides by max_completion_length: set it to the generation limit")
+
+
+def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
+                     cfg: LossSettings) -> tuple[Tensor, Tensor, Tensor]:
+    """The per-token loss with plain MindSpore ops: the reference for the fused op, same outputs.
+
+    Returns ``row_loss`` [B] = sum_t m * (pg + beta * kl), ``row_stats`` [B, 8] (columns: mindgrpo.ops.ROW_STATS)
+    and ``batch_means`` [8] (mindgrpo.ops.batch_means); the last two carry no gradient.
+    """
+    adv = advantages.expand_dims(-1) if advantages.ndim == 1 else advantages
+    ratio = ops.exp(logp - old_logp)
+    low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
+    pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
+    clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
+    clip_high = ops.logical_and(ratio > high_bound, adv > 0).astype(ms.float32)
+    if ref_logp is None:
+        kl = ops.zeros_like(logp)
+        token = pg
+    else:
+        kl = kl_penalty(logp, ref_logp, cfg.kl_estimator)
+        if cfg.use_bias_correction_kl:
+            kl = kl * ratio
+        token = pg + cfg.beta * kl
+    row_loss = (token * mask).sum(axis=-1)
+    columns = (mask, pg, kl, clip_low, clip_high, clip_low + clip_high, old_logp - logp, ratio)
+    row_stats = ops.stop_gradient(ops.stack([(column * mask).sum(axis=-1) for column in columns], axis=-1))
+    return row_loss, row_stats, batch_means(row_stats)
+
+
+def _reduce(row_loss: Tensor, row_stats: Tensor, means: Tensor, cfg: LossSettings,
+            num_items_in_batch: int | float | Tensor | None, grad_accum_steps: int, dp_size: int) -> Tensor:
+    """One scalar from the per-sequence sums, per ``cfg.loss_type`` (formulas in the module docstring).
+
+    ``row_stats[:, 0]`` holds each sequence's active tokens and ``means[0]`` the micro-batch's.
+    """
+    batch = row_loss.shape[0]
+    if cfg.loss_type == "grpo":
+        return (row_loss / ops.clamp(row_stats[:, 0], min=1.0)).sum() / (batch * grad_accum_steps)
+    if cfg.loss_type == "bnpo":
+        return row_loss.sum() / ops.clamp(means[0], min=1.0) / grad_accum_steps
+    if cfg.loss_type == "dr_grpo":
+        return row_loss.sum() / (batch * cfg.max_completion_length * grad_accum_steps)
+    if num_items_in_batch is None:
+        total = ops.clamp(means[0], min=1.0)
+    elif isinstance(num_items_in_batch, Tensor):
+        total = ops.clamp(num_items_in_batch.astype(ms.float32), min=1.0)
+    else:
+        total = max(1.0, float(num_items_in_batch))
+    return row_loss.sum() * dp_size / total
+
+
+def _metrics(means: Tensor) -> Tensor:
+    """Masked token means over the micro-batch, whatever the loss_type (as TRL logs its clip ratios and KL)."""
+    return means[1:1 + len(METRICS)]
+
+
+def _float32(x: Tensor) -> Tensor:
+    # Cast only when needed: PyNative would otherwise copy [B, T] tensors that are float32 already.
+    return x if x.dtype == ms.float32 else x.astype(ms.float32)
+
+
+def metrics_dict(metrics: Tensor) -> dict[str, float]:
+    """Name the entries of ``grpo_loss``'s metrics vector (host side, for logging)."""
+    return dict(zip(METRICS, metrics.asnumpy().tolist()))
+
+
+def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *,
+              cfg: LossSettings, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
+              dp_size: int = 1) -> tuple[Tensor, Tensor]:
+    """GRPO loss of one micro-batch and its metrics; call it inside the differentiated function.
+
+    Args:
+        logp: [B, T] float32 log-probs of the completion tokens under the current policy (``token_logprobs``);
+            the only input that receives a gradient.
+        old_logp: [B, T] log-probs under the sampling policy, or None on-policy (num_iterations = 1), where the
+            ratio is exp(logp - stop_gradient(logp)) = 1 but still carries the gradient, as in TRL.
+        ref_logp: [B, T] reference-model log-probs, or None (allowed only when ``cfg.beta == 0``).
+        advantages: [B] per sequence (``group_advantages``), [B, 1], or [B, T] per token.
+        mask: [B, T] completion mask (bool, int or float), 1 for tokens that count. Masked positions must hold
+            finite values (they are multiplied by 0).
+        cfg: the loss settings.
+        num_items_in_batch: ``dapo`` only: active completion tokens of the whole optimizer step, summed over
+            micro-batches and data-parallel ranks (int or scalar tensor). None means this micro-batch is the whole
+            batch (then G and W must be 1).
+        grad_accum_steps: G, micro-batches per optimizer step whose gradients the trainer sums.
+        dp_size: W, data-parallel ranks whose gradients the reducer averages.
+
+    Returns:
+        ``(loss, metrics)``: scalar loss, and a float32 vector without gradient whose entries are named by
+        ``METRICS`` (``metrics_dict`` names them; a vector rather than a dict keeps GRAPH mode free of Python
+        fallbacks and needs one all-reduce / one host copy). Each is a masked token mean over this micro-batch:
+        ``pg_loss`` (surrogate term), ``kl`` (KL term as used in the loss, ratio-corrected
+        if enabled; 0 without a reference), ``clipfrac_low`` (r < 1 - eps_low with A < 0), ``clipfrac_high``
+        (r > 1 + eps_high with A > 0), ``clipfrac`` (either: tokens whose gradient the clip removed) and
+        ``ppo_kl`` (old - logp, an estimate of KL(old || current)).
+    """
+    if ref_logp is None and cfg.beta != 0:
+        raise ValueError(f"beta={cfg.beta} needs ref_logp (reference-model log-probs); pass them or set beta=0")
+    if cfg.loss_type == "dapo" and num_items_in_batch is None and (grad_accum_steps != 1 or dp_size != 1):
+        raise ValueError("loss_type='dapo' with gradient accumulation or data parallelism needs num_items_in_batch: "
+                         "the active tokens summed over all micro-batches and ranks of the optimizer step")
+    if logp.ndim != 2:
+        raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
+    for name, other in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
+        if other is not None and other.shape != logp.shape:
+            raise ValueError(f"{name} must have logp's shape {tuple(logp.shape)}, got {tuple(other.shape)}")
+    if advantages.ndim == 2 and advantages.shape[1] == 1 and logp.shape[1] != 1:
+        advantages = advantages.reshape(-1)
+    if advantages.shape not in ((logp.shape[0],), logp.shape):
+        raise ValueError(f"advantages must be [B], [B, 1] or [B, T] for logp {tuple(logp.shape)}, "
+                         f"got {tuple(advantages.shape)}")
+    logp, mask = _float32(logp), _float32(mask)
+    advantages = ops.stop_gradient(_float32(advantages))
+    old_logp = ops.stop_gradient(logp if old_logp is None else _float32(old_logp))
+    if ref_logp is not None:
+        ref_logp = ops.stop_gradient(_float32(ref_logp))
+    if cfg.impl == "fused":
+        hyper = hyper_params(cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.kl_estimator,
+                             cfg.use_bias_correction_kl, ref_logp is not None)
+        row_loss, row_stats, means = fused_token_loss(logp, old_logp, logp if ref_logp is None else ref_logp,
+                                                      advantages, mask, hyper)
+    else:
+        row_loss, row_stats, means = plain_token_loss(logp, old_logp, ref_logp, advantages, mask, cfg)
+    loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size)
+    return loss, ops.stop_gradient(_metrics(means))

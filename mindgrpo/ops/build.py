@@ -1,0 +1,151 @@
+"""Compile the fused-loss CPU kernel once and cache the shared library.
+
+The library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a hash of the kernel source,
+the compiler's identity and the exact command line, so an edited source, another compiler or other flags give a new
+file and a stale library is never loaded. ``build.sh`` runs this ahead of time (``python -m mindgrpo.ops``);
+otherwise the first use compiles it (a few seconds with g++ 12). The compiler writes to a temporary file in the
+cache folder that is then renamed, so concurrent processes never see half a library.
+
+Environment: ``CXX`` picks the compiler (default ``g++``); ``MINDGRPO_CACHE`` moves the cache (see ``_env``).
+Libraries of older sources are left in place (another checkout may still use them); deleting the folder is safe.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import hashlib
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import mindgrpo  # noqa: F401  (configures logging before anything imports MindSpore)
+from mindgrpo import _env
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+CPU_SOURCE = KERNEL_DIR / "grpo_token_loss_cpu.cc"
+ASCEND_SOURCE_DIR = KERNEL_DIR / "ascend"
+# -O3 vectorises the per-token loops (the exp is written to vectorise); OpenMP splits rows over at most as many
+# threads as the kernel asks for (it stays single-threaded below ~32k tokens per thread).
+CXXFLAGS = ("-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp", "-Wall")
+COMPILE_TIMEOUT_S = 300
+
+
+class KernelBuildError(RuntimeError):
+    """The C++ kernel could not be compiled; the message holds the exact command and the compiler's output."""
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX", "g++")
+    path = shutil.which(cxx)
+    if path is None:
+        raise KernelBuildError(
+            f"C++ compiler {cxx!r} not found (set CXX, or install g++); the fused GRPO loss needs it once to build "
+            f"{CPU_SOURCE.name}. Use LossSettings(impl='plain') to run without it.")
+    return path
+
+
+@functools.lru_cache(maxsize=None)
+def _compiler_identity(cxx: str) -> str:
+    try:
+        out = subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=60, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelBuildError(f"could not run {cxx} --version: {exc}") from exc
+    return out.splitlines()[0] if out else cxx
+
+
+def _command(cxx: str, output: Path) -> list[str]:
+    return [cxx, *CXXFLAGS, str(CPU_SOURCE), "-o", str(output)]
+
+
+def cpu_library_path() -> Path:
+    """Where the library for the current source, compiler and flags lives (it may not exist yet)."""
+    cxx = _compiler()
+    digest = hashlib.sha256()
+    digest.update(CPU_SOURCE.read_bytes())
+    # The output path is left out of the key: it depends on the key.
+    digest.update(shlex.join(_command(cxx, Path("OUT"))).encode())
+    digest.update(_compiler_identity(cxx).encode())
+    digest.update(platform.machine().encode())
+    return Path(_env.cache_dir()) / "kernels" / f"{CPU_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+
+
+def build_cpu_kernel(force: bool = False) -> Path:
+    """Compile the CPU kernel if its cached library is missing (or ``force``); return the library path."""
+    target = cpu_library_path()
+    if target.exists() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so.tmp", dir=target.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    cmd = _command(_compiler(), tmp)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
+        if proc.returncode != 0:
+            raise KernelBuildError(
+                f"compiling the fused GRPO loss kernel failed (exit {proc.returncode}).\n"
+                f"command: {shlex.join(cmd)}\nstderr:\n{proc.stderr.strip() or '(empty)'}")
+        os.chmod(tmp, 0o755)  # mkstemp makes it private; a shared MINDGRPO_CACHE must be loadable by others
+        os.replace(tmp, target)
+    except subprocess.TimeoutExpired as exc:
+        raise KernelBuildError(f"compiler timed out after {COMPILE_TIMEOUT_S}s.\ncommand: {shlex.join(cmd)}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def build_ascend_package(cann_path: str | None, install_path: str | None) -> None:
+    """Build and install the Ascend C operators with MindSpore's ``custom_compiler`` tool.
+
+    Needs the CANN toolkit (Ascend hosts only): it cannot run on the CPU-only development machines. The tool is
+    copied into a temporary folder first, because it builds its project next to its own script.
+    """
+    import mindspore  # noqa: PLC0415  (only this command needs MindSpore's install location)
+
+    tool = Path(mindspore.__file__).resolve().parent / "lib" / "plugin" / "ascend" / "custom_compiler"
+    if not tool.is_dir():
+        raise KernelBuildError(f"MindSpore's custom_compiler tool not found at {tool}")
+    cann = cann_path or os.environ.get("ASCEND_HOME_PATH")
+    if not cann or not Path(cann).is_dir():
+        raise KernelBuildError("Ascend build needs the CANN toolkit: pass --cann-path or set ASCEND_HOME_PATH "
+                               "(this is only possible on an Ascend host).")
+    with tempfile.TemporaryDirectory(prefix="mindgrpo-ascend-") as work:
+        shutil.copytree(tool, Path(work) / "custom_compiler")
+        cmd = [sys.executable, "setup.py", "--op_host_path", str(ASCEND_SOURCE_DIR / "op_host"),
+               "--op_kernel_path", str(ASCEND_SOURCE_DIR / "op_kernel"), "--vendor_name", "mindgrpo",
+               "--ascend_cann_package_path", cann]
+        if install_path:
+            cmd += ["--install_path", install_path]
+        cmd.append("-i")
+        proc = subprocess.run(cmd, cwd=Path(work) / "custom_compiler", capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            log = Path(work) / "custom_compiler" / "build.log"
+            detail = log.read_text(errors="replace") if log.exists() else proc.stdout + proc.stderr
+            raise KernelBuildError(f"Ascend operator build failed.\ncommand: {shlex.join(cmd)}\n{detail.strip()}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m mindgrpo.ops", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--force", action="store_true", help="recompile even when the cached library is current")
+    parser.add_argument("--ascend", action="store_true",
+                        help="build and install the Ascend C operators instead (needs CANN; Ascend hosts only)")
+    parser.add_argument("--cann-path", help="CANN toolkit folder (default: $ASCEND_HOME_PATH)")
+    parser.add_argument("--install-path", help="OPP folder to install the Ascend operators into "
+                                               "(default: $ASCEND_OPP_PATH)")
+    args = parser.parse_args(argv)
+    try:
+        if args.ascend:
+            build_ascend_package(args.cann_path, args.install_path)
+            print("installed the mindgrpo Ascend C operators (vendor 'mindgrpo')")
+        else:
+            print(build_cpu_kernel(force=args.force))
+    except KernelBuildError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
