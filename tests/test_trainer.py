@@ -58,7 +58,6 @@ def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
     cfg.rl_config.beta = 0.04
     cfg.rl_config.save_ckpt_interval = 2
     cfg.rl_config.save_max_ckpt_num = 2
-    cfg.rl_config.loss_impl = "plain"
     cfg.actor_config.load = str(model)
     cfg.actor_config.micro_batch_size = 4
     cfg.actor_config.lr_schedule.learning_rate = 1e-3  # large, so weights visibly move in a few steps

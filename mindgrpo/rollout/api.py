@@ -1,0 +1,153 @@
+"""The rollout interface every backend implements: prompts x ``n`` samples + sampling settings -> completions."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+
+import numpy as np
+
+FINISH_STOP = "stop"      # the sequence emitted an EOS or stop token (kept in the completion, mask 1)
+FINISH_LENGTH = "length"  # the sequence reached max_tokens without one
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are drawn. Field names match ``mindgrpo.config.SamplingConfig``.
+
+    The processing order for each new token is the one Hugging Face and vLLM use: repetition penalty ->
+    EOS suppression (``min_tokens``) -> temperature -> top-k -> top-p -> sample.
+    """
+    max_tokens: int = 64
+    """Completion length limit; ``RolloutResult`` arrays have exactly this many columns."""
+    min_tokens: int = 0
+    """EOS (and ``stop_token_ids``) are masked out until a completion has this many tokens."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy decoding (argmax; no randomness, ``top_k``/``top_p`` unused)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of most likely tokens whose probability reaches ``top_p``."""
+    top_k: int = -1
+    """Keep only the ``top_k`` most likely tokens; -1 or 0 disables."""
+    repetition_penalty: float = 1.0
+    """CTRL-style penalty on every token already in the prompt or the completion so far (positive logits are
+    divided by it, negative ones multiplied); 1 disables."""
+    seed: Optional[int] = None
+    """Seed of the sampler; the same seed, prompts, params, weights and engine give the same completions. None
+    draws a fresh seed."""
+    n: int = 1
+    """Completions per prompt (GRPO's group size)."""
+    stop_token_ids: Tuple[int, ...] = ()
+    """Extra ids that end a completion like the engine's EOS ids (kept in it, finish reason ``"stop"``)."""
+    logprobs: bool = False
+    """Also return the log-probability of each chosen token under the distribution it was sampled from (after
+    penalty, EOS suppression, temperature, top-k and top-p, renormalised). Greedy decoding reports the
+    log-softmax of the penalised logits instead (its sampling distribution is a point mass). The vllm backend
+    reports vLLM's log-probs (see ``mindgrpo.rollout.vllm_backend``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        problems = []
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            problems.append(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if not self.temperature >= 0:
+            problems.append(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1/0 (off) or a positive count, got {self.top_k}")
+        if not self.repetition_penalty > 0:
+            problems.append(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        if self.n < 1:
+            problems.append(f"n must be >= 1, got {self.n}")
+        if self.seed is not None and not 0 <= self.seed < 2 ** 63:
+            problems.append(f"seed must be a non-negative integer below 2**63 or None, got {self.seed}")
+        if problems:
+            raise ValueError("invalid SamplingParams: " + "; ".join(problems))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class RolloutResult:
+    """Completions of ``num_prompts * n`` sequences, prompt-major: rows ``i*n .. i*n+n-1`` continue prompt ``i``."""
+    completion_ids: np.ndarray
+    """int32 [num_prompts*n, max_tokens], right-padded with the pad id."""
+    completion_mask: np.ndarray
+    """int32, same shape: 1 on generated tokens including the EOS token that ended a sequence."""
+    finish_reasons: List[str]
+    """Per row: ``"stop"`` (EOS emitted) or ``"length"`` (max_tokens reached)."""
+    logprobs: Optional[np.ndarray] = None
+    """float32, same shape, when ``SamplingParams.logprobs``: see that field for which distribution; 0 on
+    padding."""
+
+    @property
+    def num_tokens(self) -> int:
+        """Generated tokens (EOS included)."""
+        return int(self.completion_mask.sum())
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """A rollout backend (``native``, ``mindformers`` or ``vllm``)."""
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
+        """Sample ``params.n`` completions for each prompt (lists of token ids, any lengths)."""
+
+    def sync_weights(self) -> None:
+        """Make the next ``generate`` use the actor's current weights."""
+
+
+EosIds = Union[int, Sequence[int]]
+
+
+def eos_tuple(eos_token_id: EosIds) -> Tuple[int, ...]:
+    """EOS ids as a non-empty tuple (Qwen2.5 chat models stop on both <|im_end|> and <|endoftext|>)."""
+    ids = (eos_token_id,) if isinstance(eos_token_id, (int, np.integer)) else tuple(eos_token_id)
+    if not ids:
+        raise ValueError("eos_token_id must name at least one token id")
+    return tuple(int(i) for i in ids)
+
+
+def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_prompt_length: int,
+                  vocab_size: int) -> List[List[int]]:
+    """Prompts as lists of ints, with a clear error for empty, too long or out-of-vocabulary prompts or stop ids."""
+    bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab_size]
+    if bad_stops:
+        raise ValueError(f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab_size})")
+    return check_prompts(prompts, max_prompt_length, vocab_size)
+
+
+def check_prompts(prompts: Sequence[Sequence[int]], max_prompt_length: int, vocab_size: int) -> List[List[int]]:
+    """Prompts as lists of ints, with a clear error for empty, too long or out-of-vocabulary prompts."""
+    if len(prompts) == 0:
+        raise ValueError("generate() needs at least one prompt")
+    checked = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in prompt]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        if len(ids) > max_prompt_length:
+            raise ValueError(f"prompt {i} has {len(ids)} tokens, more than max_prompt_length={max_prompt_length}; "
+                             "truncate it or build the engine with a larger max_prompt_length")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
+        checked.append(ids)
+    return checked
+
+
+def assemble_result(rows: List[List[int]], reasons: List[str], row_logprobs: Optional[List[List[float]]],
+                    max_tokens: int, pad_token_id: int) -> RolloutResult:
+    """Pad per-row token lists into the fixed-width arrays of a RolloutResult."""
+    ids = np.full((len(rows), max_tokens), pad_token_id, np.int32)
+    mask = np.zeros((len(rows), max_tokens), np.int32)
+    logprobs = None if row_logprobs is None else np.zeros((len(rows), max_tokens), np.float32)
+    for r, tokens in enumerate(rows):
+        ids[r, :len(tokens)] = tokens
+        mask[r, :len(tokens)] = 1
+        if logprobs is not None:
+            logprobs[r, :len(tokens)] = row_logprobs[r]
+    return RolloutResult(ids, mask, list(reasons), logprobs)

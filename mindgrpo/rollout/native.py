@@ -1,0 +1,271 @@
+"""The ``native`` rollout backend: KV-cache decoding in MindSpore GRAPH mode over the actor's own Parameters.
+
+Shapes are static per bucket so each bucket compiles exactly once:
+
+* decode batch ``B``: rows (``prompts x n``) rounded up to a power of two, capped at ``max_batch_size``
+  (larger requests run in chunks of whole rows, prompt-major);
+* prompt batch ``P``: distinct prompts of a chunk rounded up to a power of two (identical prompts are
+  prefilled once, and each prompt's cache rows are forked to its samples);
+* prompt length ``S``: the longest prompt of a chunk rounded up to ``prompt_length_buckets``;
+* cache length ``S + T`` with ``T`` = ``max_tokens`` rounded up to a multiple of 32.
+
+Prompts are left-padded to ``S``, so every row writes its ``t``-th token at cache index ``S + t``; position ids
+count from each prompt's first real token and padded keys are masked, which makes results equal to the unpadded
+computation. The graphs run in GRAPH mode even when the process is in PyNative mode: on MindSpore 2.9 a
+``@jit`` graph in PyNative mode keeps the tensor a Parameter had when it was compiled, so a later ``set_data``
+(checkpoint load, ``mindgrpo.models.sync_weights``) never reaches it, while a GRAPH-mode Cell reads the live
+Parameter after ``set_data`` and after in-place optimizer updates alike. Sampling runs on the host
+(:mod:`mindgrpo.rollout.sampler`).
+"""
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Tensor, nn
+
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
+                                  assemble_result, check_prompts, check_request, eos_tuple)
+from mindgrpo.rollout.qwen2_graph import DecodeGraph, PrefillGraph, Qwen2Weights, new_kv_cache
+from mindgrpo.rollout.sampler import TokenSampler
+
+_MAX_TOKENS_STEP = 32
+
+
+@contextlib.contextmanager
+def graph_mode() -> Iterator[None]:
+    """Run the enclosed calls in GRAPH mode and restore the caller's mode afterwards."""
+    previous = ms.get_context("mode")
+    if previous != ms.GRAPH_MODE:
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        yield
+    finally:
+        if previous != ms.GRAPH_MODE:
+            ms.set_context(mode=previous)
+
+
+def _round_up(value: int, buckets: Sequence[int]) -> int:
+    for bucket in buckets:
+        if value <= bucket:
+            return bucket
+    raise ValueError(f"{value} exceeds the largest bucket {buckets[-1]}")
+
+
+def _powers_of_two_upto(limit: int) -> Tuple[int, ...]:
+    sizes = [1]
+    while sizes[-1] * 2 < limit:
+        sizes.append(sizes[-1] * 2)
+    return tuple(sorted(set(sizes + [limit])))
+
+
+@dataclass(frozen=True)
+class BucketKey:
+    prompt_batch: int
+    prompt_len: int
+    batch: int
+    max_tokens: int
+
+    @property
+    def cache_len(self) -> int:
+        return self.prompt_len + self.max_tokens
+
+
+class _Bucket:
+    """The two compiled graphs of one shape bucket and the KV cache they share."""
+
+    def __init__(self, weights: Qwen2Weights, key: BucketKey, tag: str):
+        self.key = key
+        self.kv_cache = new_kv_cache(weights, key.batch, key.cache_len, tag)
+        self.prefill = PrefillGraph(weights, key.cache_len, self.kv_cache)
+        self.decode = DecodeGraph(weights, key.cache_len, self.kv_cache)
+        self.graphs = (self.prefill, self.decode)
+
+    def compiled_graphs(self) -> int:
+        """Graphs MindSpore has compiled for these Cells (its own per-Cell compile cache)."""
+        return sum(len(cell.compile_cache) for cell in self.graphs)
+
+
+class NativeRolloutEngine:
+    """KV-cache rollouts that read the actor's Parameters directly (``sync_weights`` is a no-op)."""
+
+    def __init__(self, actor: nn.Cell, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
+                 max_batch_size: int = 32, prompt_length_buckets: Optional[Sequence[int]] = None,
+                 max_cached_buckets: int = 4):
+        """
+        Args:
+            actor: the policy (MindFormers ``LlamaForCausalLM`` configured as Qwen2, or a Cell holding one).
+            eos_token_id: id(s) that end a completion.
+            pad_token_id: id used to pad completions (and left-pad prompts inside a bucket; masked, never seen).
+            max_prompt_length: longest prompt accepted.
+            max_batch_size: most sequences decoded together (``generate_config.infer_model_batch_size``).
+            prompt_length_buckets: increasing prompt-length buckets; default multiples of 64 up to
+                ``max_prompt_length``. Each (bucket, batch, max_tokens) combination compiles once.
+            max_cached_buckets: buckets (compiled graphs + KV cache) kept alive, least recently used dropped.
+        """
+        if max_batch_size < 1 or max_prompt_length < 1 or max_cached_buckets < 1:
+            raise ValueError("max_batch_size, max_prompt_length and max_cached_buckets must be >= 1")
+        self.weights = Qwen2Weights(actor)
+        self.spec = self.weights.spec
+        self.eos_ids = eos_tuple(eos_token_id)
+        self.pad_token_id = int(pad_token_id)
+        self.max_prompt_length = int(max_prompt_length)
+        self.max_batch_size = int(max_batch_size)
+        self.batch_buckets = _powers_of_two_upto(self.max_batch_size)
+        if prompt_length_buckets is None:
+            prompt_length_buckets = [*range(64, self.max_prompt_length, 64), self.max_prompt_length]
+        self.prompt_length_buckets = tuple(sorted(int(b) for b in prompt_length_buckets))
+        if self.prompt_length_buckets[-1] < self.max_prompt_length:
+            raise ValueError(f"prompt_length_buckets {self.prompt_length_buckets} do not reach "
+                             f"max_prompt_length={self.max_prompt_length}")
+        self.max_cached_buckets = int(max_cached_buckets)
+        self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
+        self._evicted_graphs = 0
+        self.buckets_built: List[BucketKey] = []
+        """Every bucket built so far, in order (a bucket is rebuilt only after LRU eviction)."""
+
+    # -- public API -------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
+        prompts = check_request(prompts, params, self.max_prompt_length, self.spec.vocab_size)
+        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.n)]  # prompt-major
+        rng = np.random.default_rng(params.seed)  # one stream for all chunks: reproducible per seed
+        tokens: List[List[int]] = []
+        logprobs: List[List[float]] = []
+        reasons: List[str] = []
+        with graph_mode():
+            for start in range(0, len(rows), self.max_batch_size):
+                chunk = self._sample_chunk(rows[start:start + self.max_batch_size], params, rng)
+                tokens += chunk[0]
+                logprobs += chunk[1]
+                reasons += chunk[2]
+        return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens,
+                               self.pad_token_id)
+
+    def forced_logits(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
+                      ) -> List[np.ndarray]:
+        """Next-token logits the engine computes when prompt ``i`` is continued by ``continuations[i]``.
+
+        Row ``i`` is float32 ``[len(continuations[i]) + 1, vocab]``: the logits after the prompt and after each
+        continuation token, computed by the same buckets, padding and KV-cache path as :meth:`generate` (so it
+        shows what a rollout samples from, e.g. to check it against a full forward).
+        """
+        prompts = check_prompts(prompts, self.max_prompt_length, self.spec.vocab_size)
+        if len(continuations) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
+        if any(not 0 <= int(t) < self.spec.vocab_size for c in continuations for t in c):
+            raise ValueError(f"continuations hold token ids outside the vocabulary [0, {self.spec.vocab_size})")
+        result: List[np.ndarray] = []
+        with graph_mode():
+            for start in range(0, len(prompts), self.max_batch_size):
+                chunk = prompts[start:start + self.max_batch_size]
+                forced = [list(c) for c in continuations[start:start + self.max_batch_size]]
+                steps = max(map(len, forced)) + 1
+                decoder = _ChunkDecoder(self, chunk, steps)
+                history = [decoder.logits]
+                for step in range(steps - 1):
+                    decoder.advance(np.array([c[step] if step < len(c) else self.pad_token_id for c in forced]))
+                    history.append(decoder.logits)
+                stacked = np.stack(history, axis=1)  # [rows, steps, vocab]
+                result += [stacked[r, :len(forced[r]) + 1] for r in range(len(chunk))]
+        return result
+
+    def sync_weights(self) -> None:
+        """Nothing to do: the graphs read the actor's own Parameters."""
+
+    def compiled_graphs(self) -> int:
+        """Graphs MindSpore compiled for this engine so far (counted from its per-Cell compile caches)."""
+        return self._evicted_graphs + sum(b.compiled_graphs() for b in self._buckets.values())
+
+    def release(self) -> None:
+        """Drop every bucket (compiled graphs and KV caches) to free memory; they rebuild on demand."""
+        self._evicted_graphs += sum(b.compiled_graphs() for b in self._buckets.values())
+        self._buckets.clear()
+
+    # -- internals --------------------------------------------------------------------------------------
+    def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, rng: np.random.Generator
+                      ) -> Tuple[List[List[int]], List[List[float]], List[str]]:
+        """Sample completions for one batch of rows (each a prompt to continue): tokens, log-probs, reasons."""
+        stop_ids = np.array(self.eos_ids + params.stop_token_ids)
+        decoder = _ChunkDecoder(self, rows, params.max_tokens)
+        sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, rng, rows)
+        tokens: List[List[int]] = [[] for _ in rows]
+        logprobs: List[List[float]] = [[] for _ in rows]
+        reasons = [FINISH_LENGTH] * len(rows)
+        active = np.ones(len(rows), bool)
+        for step in range(params.max_tokens):
+            chosen, chosen_logprobs = sampler.sample(decoder.logits, step)
+            for r in np.flatnonzero(active):
+                tokens[r].append(int(chosen[r]))
+                logprobs[r].append(float(chosen_logprobs[r]))
+            stopped = active & np.isin(chosen, stop_ids)
+            for r in np.flatnonzero(stopped):
+                reasons[r] = FINISH_STOP
+            active &= ~stopped
+            if not active.any() or step + 1 == params.max_tokens:
+                break
+            decoder.advance(chosen)  # finished rows keep decoding (static shapes); their tokens are dropped
+        return tokens, logprobs, reasons
+
+    def bucket_for(self, row_prompts: Sequence[Sequence[int]], max_tokens: int) -> "_Bucket":
+        """The (cached, compiled-once) bucket that decodes these rows for up to ``max_tokens`` steps."""
+        distinct = {tuple(p) for p in row_prompts}
+        key = BucketKey(prompt_batch=_round_up(len(distinct), self.batch_buckets),
+                        prompt_len=_round_up(max(map(len, row_prompts)), self.prompt_length_buckets),
+                        batch=_round_up(len(row_prompts), self.batch_buckets),
+                        max_tokens=-(-max_tokens // _MAX_TOKENS_STEP) * _MAX_TOKENS_STEP)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            while len(self._buckets) >= self.max_cached_buckets:
+                _, old = self._buckets.popitem(last=False)
+                self._evicted_graphs += old.compiled_graphs()
+            bucket = _Bucket(self.weights, key, f"{id(self):x}.{len(self.buckets_built)}")
+            self._buckets[key] = bucket
+            self.buckets_built.append(key)
+        self._buckets.move_to_end(key)
+        return bucket
+
+
+class _ChunkDecoder:
+    """Prefill of one chunk of rows (distinct prompts once, cache forked to their rows), then one token per row
+    per :meth:`advance`. ``logits`` [rows, vocab] always holds the next-token logits."""
+
+    def __init__(self, engine: NativeRolloutEngine, row_prompts: Sequence[Sequence[int]], max_tokens: int):
+        self.bucket = bucket = engine.bucket_for(row_prompts, max_tokens)
+        key, s, pad = bucket.key, bucket.key.prompt_len, engine.pad_token_id
+        distinct: Dict[Tuple[int, ...], int] = {}
+        row_source = np.array([distinct.setdefault(tuple(p), len(distinct)) for p in row_prompts], np.int32)
+        tokens = np.full((key.prompt_batch, s), pad, np.int32)
+        positions = np.zeros((key.prompt_batch, s), np.int32)
+        key_valid = np.zeros((key.prompt_batch, s), np.float32)  # padding prompt rows stay fully masked
+        for i, prompt in enumerate(distinct):
+            tokens[i, s - len(prompt):] = prompt
+            positions[i, s - len(prompt):] = np.arange(len(prompt))
+            key_valid[i, s - len(prompt):] = 1.0
+        cache_rows = np.zeros(key.batch, np.int32)  # padding decode rows continue prompt 0 and are ignored
+        cache_rows[:len(row_prompts)] = row_source
+        prompt_logits = bucket.prefill(Tensor(tokens), Tensor(positions), Tensor(key_valid),
+                                       Tensor(cache_rows)).asnumpy()
+        self.logits = prompt_logits[row_source]
+        self.rows = len(row_prompts)
+        self.lengths = np.array([len(p) for p in row_prompts], np.int32)
+        self.first_key = np.full(key.batch, s - 1, np.int32)
+        self.first_key[:self.rows] = s - self.lengths
+        self.feed = np.full(key.batch, pad, np.int32)
+        self.positions = np.zeros(key.batch, np.int32)
+        self.step = 0
+
+    def advance(self, tokens: np.ndarray) -> None:
+        """Feed each row's token for the current step; ``logits`` then predicts the step after it."""
+        if self.step >= self.bucket.key.max_tokens:
+            raise RuntimeError("decoded past the bucket's cache length")
+        self.feed[:self.rows] = tokens
+        self.positions[:self.rows] = self.lengths + self.step
+        write_pos = Tensor(self.bucket.key.prompt_len + self.step, ms.int32)
+        self.logits = self.bucket.decode(Tensor(self.feed), Tensor(self.positions), Tensor(self.first_key),
+                                         write_pos).asnumpy()[:self.rows]
+        self.step += 1

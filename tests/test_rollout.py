@@ -1,0 +1,405 @@
+"""Rollout engines: the native KV-cache decoder against full-forward references, sampling semantics, buckets.
+
+References are independent of the code under test: transformers' Qwen2 on the fixture weights, the
+``mindgrpo.models`` forward (MindFormers' layers) on a small random Qwen2 (tied and untied), and transformers'
+logits warpers for the sampling options. Engines are module-scoped: every distinct bucket costs a graph
+compilation, so the tests share a few buckets (3 distinct prompts x n=2 -> prompt batch 4, batch 8, prompt
+length 16, max_tokens <= 32).
+"""
+import json
+
+import numpy as np
+import pytest
+
+import mindgrpo  # noqa: F401  (before mindspore)
+import mindspore as ms
+from mindspore import Tensor, ops
+
+from mindgrpo.models import build_model
+from mindgrpo.rollout import FINISH_LENGTH, FINISH_STOP, SamplingParams, build_rollout_engine
+from mindgrpo.rollout.sampler import TokenSampler, process_logits
+
+VOCAB, PAD, EOS = 384, 382, 383
+PROMPTS = [[5, 17, 42], [7, 7, 101, 250, 3, 77, 12, 9, 311], [99, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
+ENGINE = dict(eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=32, max_batch_size=8,
+              prompt_length_buckets=(16, 32))
+
+
+# ----------------------------------------------------------------------------------------------- models
+def write_random_qwen2(folder, *, tied: bool, seed: int):
+    """A small random Qwen2 as a Hugging Face folder, with weights large enough for clear argmax margins."""
+    from safetensors.numpy import save_file
+
+    hidden, heads, kv_heads, inter, layers = 64, 4, 2, 112, 2
+    kv = kv_heads * hidden // heads
+    rng = np.random.default_rng(seed)
+
+    def normal(std, *shape):
+        return (rng.standard_normal(shape) * std).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": normal(0.5, VOCAB, hidden),
+               "model.norm.weight": 1 + normal(0.1, hidden)}
+    if not tied:
+        tensors["lm_head.weight"] = normal(0.5, VOCAB, hidden)
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(0.15, hidden, hidden),
+            p + "self_attn.q_proj.bias": normal(0.1, hidden),
+            p + "self_attn.k_proj.weight": normal(0.15, kv, hidden), p + "self_attn.k_proj.bias": normal(0.1, kv),
+            p + "self_attn.v_proj.weight": normal(0.15, kv, hidden), p + "self_attn.v_proj.bias": normal(0.1, kv),
+            p + "self_attn.o_proj.weight": normal(0.1, hidden, hidden),
+            p + "mlp.gate_proj.weight": normal(0.1, inter, hidden),
+            p + "mlp.up_proj.weight": normal(0.1, inter, hidden),
+            p + "mlp.down_proj.weight": normal(0.1, hidden, inter),
+            p + "input_layernorm.weight": 1 + normal(0.1, hidden),
+            p + "post_attention_layernorm.weight": 1 + normal(0.1, hidden)})
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+              "vocab_size": VOCAB, "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "max_position_embeddings": 512,
+              "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "tie_word_embeddings": tied, "use_sliding_window": False,
+              "bos_token_id": PAD, "pad_token_id": PAD, "eos_token_id": EOS, "torch_dtype": "float32"}
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def random_models(tmp_path_factory):
+    """variant -> (actor, native engine), built on first use and shared by the module's tests."""
+    built = {}
+
+    def get(variant):
+        if variant not in built:
+            folder = write_random_qwen2(tmp_path_factory.mktemp(variant), tied=variant == "tied", seed=3)
+            actor = build_model(folder)
+            built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE))
+        return built[variant]
+    return get
+
+
+# The shared model has an untied lm_head: a random tied one mostly repeats its input token (e . e dominates the
+# logits), which would make the greedy and stop-token checks trivial. The tied path is checked on logits below
+# and against transformers on the (tied) fixture.
+@pytest.fixture(scope="module")
+def random_actor(random_models):
+    return random_models("untied")[0]
+
+
+@pytest.fixture(scope="module")
+def native(random_models):
+    return random_models("untied")[1]
+
+
+def full_forward_logits(actor, sequences):
+    """float32 [rows, len, vocab]: the actor's own forward on each whole (unpadded, right-padded in batch) row."""
+    width = max(map(len, sequences))
+    ids = np.full((len(sequences), width), PAD, np.int32)
+    mask = np.zeros((len(sequences), width), np.int32)
+    for i, seq in enumerate(sequences):
+        ids[i, :len(seq)], mask[i, :len(seq)] = seq, 1
+    return actor.logits(actor(Tensor(ids), Tensor(mask))).asnumpy()
+
+
+def greedy_reference(last_logits_fn, prompts, steps):
+    """Greedy decoding by recomputing the full sequences every step (no cache; ``last_logits_fn(seqs)`` returns
+    the logits after each sequence's last token)."""
+    seqs = [list(p) for p in prompts]
+    for _ in range(steps):
+        logits = last_logits_fn(seqs)
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        assert (top2[:, 1] - top2[:, 0]).min() > 1e-3, "argmax too close to call: pick other prompts"
+        for seq, token in zip(seqs, np.argmax(logits, axis=-1)):
+            seq.append(int(token))
+    return [seq[len(p):] for seq, p in zip(seqs, prompts)]
+
+
+# ----------------------------------------------------------------------------------------------- fixture vs HF
+def test_native_greedy_matches_transformers_on_fixture(tiny_model_dir):
+    """Token-for-token greedy equality and per-step logits within 1e-4 against transformers' full forward, for
+    prompts of different lengths decoded together (left-padded inside one bucket)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.Qwen2ForCausalLM.from_pretrained(str(tiny_model_dir), torch_dtype=torch.float32).eval()
+
+    def hf_logits(seq):
+        with torch.no_grad():
+            return hf(torch.tensor([seq])).logits[0].numpy()
+
+    engine = build_rollout_engine("native", build_model(tiny_model_dir), eos_token_id=4095, pad_token_id=4093,
+                                  max_prompt_length=32, max_batch_size=4, prompt_length_buckets=(32,))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 4000, size=n).tolist() for n in (5, 9, 14, 23)]
+    steps = 12
+    result = engine.generate(prompts, SamplingParams(max_tokens=steps, temperature=0, logprobs=True))
+    expected = greedy_reference(lambda seqs: np.stack([hf_logits(seq)[-1] for seq in seqs]), prompts, steps)
+    forced = engine.forced_logits(prompts, expected)
+    for row, prompt in enumerate(prompts):
+        assert result.completion_ids[row].tolist() == expected[row]
+        full = hf_logits(prompt + expected[row])[len(prompt) - 1:]  # logits predicting each completion token (+1)
+        assert np.abs(forced[row] - full).max() < 1e-4
+        reference_logprobs = full[np.arange(steps), expected[row]] - np.log(np.exp(full[:steps]).sum(-1))
+        assert np.abs(result.logprobs[row] - reference_logprobs).max() < 1e-4
+    assert result.finish_reasons == [FINISH_LENGTH] * len(prompts)
+
+
+# ----------------------------------------------------------------------------------------------- random model
+def check_logits_match_full_forward(random_actor, native):
+    """Per-step logits (prefill + every decode step, each prompt forked to two rows) equal the actor's forward on
+    the whole sequence within 1e-4."""
+    rng = np.random.default_rng(1)
+    rows = [p for p in PROMPTS for _ in range(2)]
+    continuations = [rng.integers(0, VOCAB, size=n).tolist() for n in (20, 7, 13, 1, 25, 9)]
+    forced = native.forced_logits(rows, continuations)
+    full = full_forward_logits(random_actor, [p + c for p, c in zip(rows, continuations)])
+    for row, (prompt, cont) in enumerate(zip(rows, continuations)):
+        expected = full[row, len(prompt) - 1:len(prompt) + len(cont)]
+        assert forced[row].shape == expected.shape
+        assert np.abs(forced[row] - expected).max() < 1e-4
+
+
+def test_native_logits_match_full_forward(random_actor, native, ms_mode):
+    """... whatever mode the caller runs in (the engine compiles GRAPH-mode Cells), and its mode is restored."""
+    mode = ms.get_context("mode")
+    check_logits_match_full_forward(random_actor, native)
+    assert ms.get_context("mode") == mode
+
+
+def test_tied_lm_head_logits_match_full_forward(random_models):
+    check_logits_match_full_forward(*random_models("tied"))
+
+
+def test_float16_compute_with_float32_weights(tmp_path):
+    """Mixed precision as on Ascend (float32 master weights, half-precision compute, cast inside the graph): logits
+    match the actor's own float16 forward to float16 resolution (bfloat16 has no CPU kernels)."""
+    actor = build_model(write_random_qwen2(tmp_path, tied=False, seed=3), compute_dtype="float16")
+    engine = build_rollout_engine("native", actor, **ENGINE)
+    assert engine.weights.param_dtype == ms.float32 and engine.weights.compute_dtype == ms.float16
+    rows = [p for p in PROMPTS for _ in range(2)]
+    continuation = [[1, 2, 3, 4, 5]] * len(rows)
+    forced = engine.forced_logits(rows, continuation)
+    full = full_forward_logits(actor, [p + c for p, c in zip(rows, continuation)])
+    for row, prompt in enumerate(rows):
+        assert np.abs(forced[row] - full[row, len(prompt) - 1:len(prompt) + 5]).max() < 0.05
+
+
+def test_native_greedy_matches_recomputed_forward(random_actor, native):
+    """Greedy rollouts, n=2 per prompt (prompt-major), equal greedy decoding by full recomputation."""
+    steps = 10
+    result = native.generate(PROMPTS, SamplingParams(max_tokens=steps, temperature=0, n=2))
+    assert result.completion_ids.shape == (6, steps) and result.completion_ids.dtype == np.int32
+    def last_logits(seqs):
+        full = full_forward_logits(random_actor, seqs)
+        return full[np.arange(len(seqs)), [len(seq) - 1 for seq in seqs]]
+
+    for i, expected in enumerate(greedy_reference(last_logits, PROMPTS, steps)):
+        assert result.completion_ids[2 * i].tolist() == expected
+        assert result.completion_ids[2 * i + 1].tolist() == expected
+
+
+def test_sampling_logprobs_rows_and_seeds(native):
+    """Seeded sampling is reproducible and seed-dependent; rows are prompt-major (row r continues prompt r // n)
+    and its log-probs are those of the tempered distribution recomputed from that prompt's forced logits."""
+    params = SamplingParams(max_tokens=12, temperature=2.0, n=2, seed=11, logprobs=True)
+    first = native.generate(PROMPTS, params)
+    again = native.generate(PROMPTS, params)
+    other = native.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=2.0, n=2, seed=12, logprobs=True))
+    assert np.array_equal(first.completion_ids, again.completion_ids)
+    assert np.array_equal(first.logprobs, again.logprobs)
+    assert not np.array_equal(first.completion_ids, other.completion_ids)
+    for r in range(0, 6, 2):  # the two samples of each prompt differ
+        assert not np.array_equal(first.completion_ids[r], first.completion_ids[r + 1])
+
+    rows = [p for p in PROMPTS for _ in range(2)]
+    completions = [first.completion_ids[r][first.completion_mask[r] == 1].tolist() for r in range(6)]
+    forced = native.forced_logits(rows, completions)
+    for r, completion in enumerate(completions):
+        logp = process_logits(forced[r][:-1], params, 0, [EOS])  # temperature only: the step index is irrelevant
+        expected = logp[np.arange(len(completion)), completion]
+        got = first.logprobs[r][:len(completion)]
+        assert np.abs(got - expected).max() < 1e-4
+        assert np.all(first.logprobs[r][len(completion):] == 0)
+
+
+def test_top_k_one_is_greedy(native):
+    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, n=2))
+    top1 = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=2.0, top_k=1, n=2, seed=5))
+    assert np.array_equal(greedy.completion_ids, top1.completion_ids)
+
+
+def test_stop_tokens_mask_and_min_tokens(native):
+    """A stop id ends the row (kept, mask 1, reason "stop", pad after); min_tokens suppresses it until reached."""
+    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, n=2)).completion_ids
+    # a row and a token that first appears at position >= 2 of its greedy completion
+    row, stop_at = next((r, i) for r in range(0, 6, 2) for i in range(2, 10) if greedy[r, i] not in greedy[r, :i])
+    stop = int(greedy[row, stop_at])
+    result = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop,), n=2))
+    for r in range(6):
+        ids, mask = result.completion_ids[r], result.completion_mask[r]
+        if r in (row, row + 1):
+            assert ids.tolist() == greedy[r, :stop_at + 1].tolist() + [PAD] * (9 - stop_at)
+            assert mask.tolist() == [1] * (stop_at + 1) + [0] * (9 - stop_at)
+            assert result.finish_reasons[r] == FINISH_STOP
+        else:  # other prompts stop only if they emit the stop token
+            assert result.finish_reasons[r] == (FINISH_STOP if stop in ids[mask == 1] else FINISH_LENGTH)
+            assert stop not in ids[mask == 1][:-1]
+
+    held = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop,),
+                                                   min_tokens=stop_at + 2, n=2))
+    ids = held.completion_ids[row].tolist()
+    assert ids[:stop_at] == greedy[row, :stop_at].tolist() and ids[stop_at] != stop  # next-best token instead
+    assert stop not in ids[:stop_at + 2]
+    assert held.completion_mask[row].sum() >= stop_at + 2
+
+
+def test_weight_updates_reach_the_next_rollout(random_actor, native):
+    """The native engine reads the actor's Parameters: an in-place update (as an optimizer does) and a
+    set_data both change the next rollout, which then matches the forward with the new weights."""
+    params = SamplingParams(max_tokens=6, temperature=0, n=2)
+    before = native.generate(PROMPTS, params).completion_ids
+    head = random_actor.model.norm_out.weight
+    saved = head.asnumpy().copy()
+    try:
+        scale = np.linspace(0.2, 3.0, saved.size).astype(np.float32)
+        ops.assign(head, Tensor(saved * scale))
+        native.sync_weights()  # a no-op for native, called as the trainer would
+        after_assign = native.generate(PROMPTS, params).completion_ids
+        assert not np.array_equal(before, after_assign)
+        full = full_forward_logits(random_actor, [PROMPTS[0] + after_assign[0].tolist()])
+        assert after_assign[0].tolist() == np.argmax(full[0, len(PROMPTS[0]) - 1:-1], -1).tolist()
+
+        head.set_data(Tensor(saved * scale[::-1].copy()))
+        after_set = native.generate(PROMPTS, params).completion_ids
+        assert not np.array_equal(after_assign, after_set)
+    finally:
+        head.set_data(Tensor(saved))
+    assert np.array_equal(native.generate(PROMPTS, params).completion_ids, before)
+
+
+def test_same_buckets_never_recompile(native):
+    """MindSpore's own compile caches of the engine's Cells hold exactly one prefill and one decode graph per
+    bucket, and stay put for calls within known buckets."""
+    native.generate(PROMPTS, SamplingParams(max_tokens=8, n=2, seed=0))
+    graphs, buckets = native.compiled_graphs(), len(native.buckets_built)
+    assert graphs == 2 * buckets
+    other_prompts = [[1, 2], [3] * 15, [4, 5, 6, 7]]  # other lengths, same prompt-length bucket (16)
+    native.generate(other_prompts, SamplingParams(max_tokens=30, temperature=0.5, top_p=0.9, n=2, seed=1))
+    native.generate(PROMPTS + [[8]], SamplingParams(max_tokens=5, n=2, seed=2))  # 4 prompts x 2 still fit
+    assert (native.compiled_graphs(), len(native.buckets_built)) == (graphs, buckets)
+    native.generate([[1] * 20], SamplingParams(max_tokens=4, n=2))  # a longer prompt: one new bucket
+    assert (native.compiled_graphs(), len(native.buckets_built)) == (graphs + 2, buckets + 1)
+
+
+def test_requests_larger_than_a_batch_run_in_chunks(native):
+    """9 prompts x n=2 = 18 rows > max_batch_size 8: chunks keep prompt-major order and match single calls."""
+    prompts = [[i + 1, 2 * i + 3, 50 + i] for i in range(9)]
+    params = SamplingParams(max_tokens=5, temperature=0, n=2)
+    result = native.generate(prompts, params)
+    assert result.completion_ids.shape == (18, 5)
+    single = native.generate(prompts[7:8], params)
+    assert np.array_equal(result.completion_ids[14:16], single.completion_ids)
+
+
+# ----------------------------------------------------------------------------------------------- other backends
+def test_mindformers_backend_agrees_with_native_and_syncs(random_actor, native):
+    """MindFormers' generate with mindgrpo's processor gives the native greedy tokens and log-probs (with a
+    repetition penalty and min_tokens); it sees new actor weights only after sync_weights()."""
+    engine = build_rollout_engine("mindformers", random_actor, eos_token_id=EOS, pad_token_id=PAD,
+                                  max_prompt_length=32, max_batch_size=8)
+    params = SamplingParams(max_tokens=8, temperature=0, n=2, repetition_penalty=1.3, min_tokens=3, logprobs=True)
+    ours, theirs = native.generate(PROMPTS, params), engine.generate(PROMPTS, params)
+    assert np.array_equal(ours.completion_ids, theirs.completion_ids)
+    assert np.abs(ours.logprobs - theirs.logprobs).max() < 1e-4
+
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, n=2, seed=4)
+    assert np.array_equal(engine.generate(PROMPTS, sampled).completion_ids,
+                          engine.generate(PROMPTS, sampled).completion_ids)
+
+    head = random_actor.model.norm_out.weight
+    saved = head.asnumpy().copy()
+    try:
+        head.set_data(Tensor(saved * np.linspace(3.0, 0.2, saved.size).astype(np.float32)))
+        stale = engine.generate(PROMPTS, params)
+        assert np.array_equal(stale.completion_ids, theirs.completion_ids)  # a separate copy until synced
+        engine.sync_weights()
+        assert np.array_equal(engine.generate(PROMPTS, params).completion_ids,
+                              native.generate(PROMPTS, params).completion_ids)
+    finally:
+        head.set_data(Tensor(saved))
+        engine.sync_weights()
+
+
+def test_vllm_backend_names_the_missing_package(random_actor):
+    try:
+        import vllm_mindspore  # noqa: F401
+        pytest.skip("vllm-mindspore is installed")
+    except Exception:  # not installed, or installed but unusable off Ascend: both must give the clear error
+        pass
+    with pytest.raises((ImportError, RuntimeError)) as err:
+        build_rollout_engine("vllm", random_actor, eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=32,
+                             model_dir="unused")
+    message = str(err.value)
+    assert "vllm-mindspore" in message and "pip install mindgrpo[ascend]" in message and "Ascend" in message
+
+
+def test_bad_requests_are_clear_errors(native):
+    with pytest.raises(ValueError, match="unknown rollout backend 'sglang'"):
+        build_rollout_engine("sglang", None, eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=8)
+    with pytest.raises(ValueError, match="top_p must be in"):
+        SamplingParams(top_p=0)
+    with pytest.raises(ValueError, match="min_tokens must be in"):
+        SamplingParams(max_tokens=4, min_tokens=5)
+    with pytest.raises(ValueError, match="prompt 1 has 33 tokens, more than max_prompt_length=32"):
+        native.generate([[1], [2] * 33], SamplingParams())
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
+        native.generate([[]], SamplingParams())
+    with pytest.raises(ValueError, match=r"outside the vocabulary \[0, 384\)"):
+        native.generate([[1, 384]], SamplingParams())
+    with pytest.raises(ValueError, match=r"stop_token_ids \[500\] are outside the vocabulary"):
+        native.generate([[1]], SamplingParams(stop_token_ids=[500]))
+    with pytest.raises(TypeError, match="not a MindFormers LlamaForCausalLM"):
+        build_rollout_engine("native", ms.nn.Dense(2, 2), eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=8)
+
+
+# ----------------------------------------------------------------------------------------------- host sampler
+def test_processing_matches_transformers_warpers():
+    """Penalty -> temperature -> top-k -> top-p equal transformers' processors applied in the same order."""
+    torch = pytest.importorskip("torch")
+    from transformers.generation.logits_process import (RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    rng = np.random.default_rng(0)
+    logits = (rng.standard_normal((6, 50)) * 3).astype(np.float32)
+    history = rng.integers(0, 50, size=(6, 7))
+    seen = np.zeros((6, 50), bool)
+    np.put_along_axis(seen, history, True, axis=1)
+    for kw in (dict(temperature=0.7), dict(top_k=5), dict(top_p=0.8), dict(top_k=10, top_p=0.5, temperature=1.5),
+               dict(repetition_penalty=1.4, top_p=0.95)):
+        params = SamplingParams(**kw)
+        ours = process_logits(logits, params, 0, [49], seen)
+        ids, scores = torch.tensor(history), torch.tensor(logits)
+        if params.repetition_penalty != 1.0:
+            scores = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(ids, scores)
+        scores = TemperatureLogitsWarper(params.temperature)(ids, scores)
+        if params.top_k > 0:
+            scores = TopKLogitsWarper(params.top_k)(ids, scores)
+        if params.top_p < 1:
+            scores = TopPLogitsWarper(params.top_p)(ids, scores)
+        theirs = torch.log_softmax(scores, -1).numpy()
+        assert np.array_equal(np.isinf(ours), np.isinf(theirs)), kw
+        assert np.abs(ours[np.isfinite(ours)] - theirs[np.isfinite(theirs)]).max() < 1e-5, kw
+
+
+def test_sampler_draws_from_the_processed_distribution():
+    """Empirical frequencies of 20,000 draws match the probabilities (and never pick a filtered token)."""
+    logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]], np.float32))
+    params = SamplingParams(top_p=0.8)  # keeps the first three tokens: 0.5 + 0.2 < 0.8 <= 0.85
+    sampler = TokenSampler(params, [4], 5, np.random.default_rng(0), [[0]] * 20000)
+    tokens, logprobs = sampler.sample(np.repeat(logits, 20000, axis=0), 0)
+    freq = np.bincount(tokens, minlength=5) / 20000
+    expected = np.array([0.5, 0.2, 0.15, 0, 0]) / 0.85
+    assert np.abs(freq - expected).max() < 0.015
+    assert np.allclose(np.exp(logprobs), expected[tokens], atol=1e-6)
+    eos_blocked = process_logits(logits, SamplingParams(min_tokens=2), 1, [0])
+    assert np.isneginf(eos_blocked[0, 0]) and np.isclose(np.exp(eos_blocked[0, 1:]).sum(), 1, atol=1e-6)

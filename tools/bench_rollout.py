@@ -1,0 +1,287 @@
+#!/usr/bin/env python
+"""Benchmark the rollout backends: generated tokens/s of `native` and `mindformers`, beside Hugging Face `generate`.
+
+Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts when ../shared has the data and
+the fixture tokenizer, random ids otherwise) x 8 samples = 32 sequences x 64 new tokens, temperature 1,
+``min_tokens = max_tokens`` so every backend generates exactly the same number of tokens. Models: the tiny
+fixture (../shared/fixtures/tiny-qwen2.5) and a random Qwen2 `small` (hidden 512, 8 layers, 8 heads, 2 KV heads,
+intermediate 1408, vocab 4096, as in ../shared/peer/trl_grpo_bench.py), written once as a Hugging Face folder so
+every framework loads the same weights.
+
+Each (model, backend) runs in its own process, so the peak RSS column is that backend's alone. The first call
+(graph compilation, HF warm-up) is reported separately; tokens/s is from the fastest of the timed repeats (the
+median time is printed too; one repeat for the mindformers backend by default: it recomputes the whole sequence
+per token and takes minutes on `small`). Ratios are
+taken within this run: native / HF generate (target >= 2) and native / mindformers. The HF column is skipped
+when torch or transformers is missing.
+
+    python tools/bench_rollout.py [--sizes tiny small] [--backends native mindformers hf] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
+FIXTURE = SHARED / "fixtures" / "tiny-qwen2.5"
+GSM8K = SHARED / "data" / "gsm8k" / "train.jsonl"
+SMALL = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
+             intermediate_size=1408, vocab_size=4096)
+PAD, EOS = 4093, 4095
+TARGET_NATIVE_OVER_HF = 2.0
+
+
+# ----------------------------------------------------------------------------------------------- setup
+def write_small_model(folder: Path, seed: int = 0) -> Path:
+    """A random Qwen2 `small` as a Hugging Face folder (config.json + model.safetensors), HF-style init."""
+    from safetensors.numpy import save_file
+
+    config = json.loads((FIXTURE / "config.json").read_text()) if FIXTURE.exists() else {
+        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
+        "bos_token_id": PAD, "pad_token_id": PAD, "eos_token_id": EOS, "use_sliding_window": False}
+    for key in ("layer_types", "rope_parameters", "transformers_version", "dtype"):
+        config.pop(key, None)
+    config.update(SMALL, rope_theta=1e6, torch_dtype="float32")
+    rng = np.random.default_rng(seed)
+    h, kv = SMALL["hidden_size"], SMALL["num_key_value_heads"] * SMALL["hidden_size"] // SMALL["num_attention_heads"]
+
+    def normal(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+    tensors = {"model.embed_tokens.weight": normal(SMALL["vocab_size"], h), "model.norm.weight": np.ones(h, np.float32)}
+    for i in range(SMALL["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        tensors.update({
+            p + "self_attn.q_proj.weight": normal(h, h), p + "self_attn.q_proj.bias": np.zeros(h, np.float32),
+            p + "self_attn.k_proj.weight": normal(kv, h), p + "self_attn.k_proj.bias": np.zeros(kv, np.float32),
+            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.v_proj.bias": np.zeros(kv, np.float32),
+            p + "self_attn.o_proj.weight": normal(h, h),
+            p + "mlp.gate_proj.weight": normal(SMALL["intermediate_size"], h),
+            p + "mlp.up_proj.weight": normal(SMALL["intermediate_size"], h),
+            p + "mlp.down_proj.weight": normal(h, SMALL["intermediate_size"]),
+            p + "input_layernorm.weight": np.ones(h, np.float32),
+            p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    return folder
+
+
+def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]:
+    """The first `count` GSM8K train prompts whose token length lies in [low, high]; random ids without the data."""
+    try:
+        import mindgrpo  # noqa: F401
+        from mindgrpo.data import read_gsm8k, render_prompt
+        from mindgrpo.tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(FIXTURE)
+        encoded = (tokenizer.encode(render_prompt("gsm8k_hash", row.question)) for row in read_gsm8k(GSM8K))
+        prompts = list(itertools.islice((p for p in encoded if low <= len(p) <= high), count))
+        if len(prompts) == count:
+            return prompts
+    except (OSError, ValueError, ImportError) as err:
+        print(f"(GSM8K prompts unavailable: {err}; using random token ids)", file=sys.stderr)
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, PAD - 1, size=int(n)).tolist() for n in np.linspace(low + 12, high - 9, count)]
+
+
+# ----------------------------------------------------------------------------------------------- workers
+def _timed(fn, repeats: int) -> Dict[str, float]:
+    """First call (compilation / warm-up) apart, then the fastest of `repeats` timed calls: the least disturbed by
+    other processes on a shared machine (as tools/bench_data.py does); the median is reported beside it."""
+    start = time.perf_counter()
+    tokens = fn()
+    first = time.perf_counter() - start
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        tokens = fn()
+        runs.append(time.perf_counter() - start)
+    best = min(runs)
+    return {"first_call_s": round(first, 2), "seconds": round(best, 3), "median_s": round(statistics.median(runs), 3),
+            "tokens": int(tokens), "tokens_per_s": round(tokens / best, 1)}
+
+
+def run_mindgrpo(backend: str, model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
+                 repeats: int, threads: Optional[int]) -> Dict[str, float]:
+    import mindgrpo  # noqa: F401  (before mindspore)
+    import mindspore as ms
+    from mindgrpo.models import build_model
+    from mindgrpo.rollout import SamplingParams, build_rollout_engine
+
+    if threads:
+        ms.device_context.cpu.op_tuning.threads_num(threads)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    actor = build_model(model_dir)
+    longest = max(map(len, prompts))
+    engine = build_rollout_engine(backend, actor, eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=longest,
+                                  max_batch_size=len(prompts) * n)
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=1.0, n=n, seed=0)
+    result = _timed(lambda: engine.generate(prompts, params).num_tokens, repeats)
+    if backend == "native":
+        result.update(native_loop_overhead(engine, prompts, params))
+    return result
+
+
+def native_loop_overhead(engine, prompts: List[List[int]], params) -> Dict[str, float]:
+    """Split one more native rollout into time inside the compiled graphs and time on the host (sampling, the
+    Python decode loop, tensor transfers), per decoding step."""
+    bucket = engine.bucket_for([p for p in prompts for _ in range(params.n)], params.max_tokens)
+    in_graphs = [0.0]
+
+    def timed(cell):
+        def call(*args):
+            start = time.perf_counter()
+            out = cell(*args)
+            out.asnumpy()  # wait for the graph to finish
+            in_graphs[0] += time.perf_counter() - start
+            return out
+        return call
+
+    bucket.prefill, bucket.decode = timed(bucket.prefill), timed(bucket.decode)
+    start = time.perf_counter()
+    engine.generate(prompts, params)
+    total = time.perf_counter() - start
+    return {"graph_ms_per_step": round(in_graphs[0] / params.max_tokens * 1e3, 2),
+            "host_ms_per_step": round((total - in_graphs[0]) / params.max_tokens * 1e3, 2)}
+
+
+def run_hf(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int, repeats: int,
+           threads: Optional[int]) -> Dict[str, float]:
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32).eval()
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):  # left padding, as decoder-only generation needs
+        ids[i, width - len(prompt):] = torch.tensor(prompt)
+        mask[i, width - len(prompt):] = 1
+
+    def generate() -> int:
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
+                                 num_return_sequences=n, pad_token_id=PAD, eos_token_id=EOS)
+        return int((out[:, width:] != PAD).sum())
+
+    result = _timed(generate, repeats)
+    result["torch_threads"] = torch.get_num_threads()
+    return result
+
+
+def worker(args: argparse.Namespace) -> None:
+    prompts = json.loads(Path(args.prompts_file).read_text())
+    if args.worker == "hf":
+        result = run_hf(args.model_dir, prompts, args.n, args.max_tokens, args.repeats, args.threads)
+    else:
+        result = run_mindgrpo(args.worker, args.model_dir, prompts, args.n, args.max_tokens, args.repeats,
+                              args.threads)
+    result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    print(json.dumps(result))
+
+
+# ----------------------------------------------------------------------------------------------- driver
+def hf_available() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def spawn(backend: str, model_dir: Path, prompts_file: Path, args: argparse.Namespace) -> Optional[Dict]:
+    repeats = args.mindformers_repeats if backend == "mindformers" else args.repeats
+    cmd = [sys.executable, __file__, "--worker", backend, "--model-dir", str(model_dir), "--prompts-file",
+           str(prompts_file), "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--repeats", str(repeats)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        print(f"  {backend}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
+        return None
+    return json.loads(lines[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--backends", nargs="+", default=["native", "mindformers", "hf"],
+                        choices=["native", "mindformers", "hf"])
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--mindformers-repeats", type=int, default=1,
+                        help="timed repeats for the (slow, cache-less) mindformers backend")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads for every framework (torch.set_num_threads, MindSpore's CPU kernel threads); "
+                             "default: each framework's own choice")
+    parser.add_argument("--worker", choices=["native", "mindformers", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--prompts-file", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return 0
+
+    backends = [b for b in args.backends if b != "hf" or hf_available()]
+    if "hf" in args.backends and "hf" not in backends:
+        print("(torch/transformers not importable: Hugging Face column skipped)")
+    with tempfile.TemporaryDirectory(prefix="bench_rollout_") as tmp:
+        prompts = gsm8k_prompts(args.prompts, 100, 200, seed=0)
+        prompts_file = Path(tmp) / "prompts.json"
+        prompts_file.write_text(json.dumps(prompts))
+        print(f"workload: {args.prompts} prompts (lengths {sorted(map(len, prompts))}) x {args.n} samples x "
+              f"{args.max_tokens} new tokens, temperature 1, fp32, {os.cpu_count()} cores, threads: "
+              f"{args.threads or 'framework defaults'}, load average {os.getloadavg()[0]:.1f}")
+        failed = False
+        for size in args.sizes:
+            if size == "tiny" and not FIXTURE.exists():
+                print(f"tiny: fixture {FIXTURE} not found, skipped")
+                continue
+            model_dir = FIXTURE if size == "tiny" else write_small_model(Path(tmp) / "small")
+            results = {b: spawn(b, model_dir, prompts_file, args) for b in backends}
+            failed |= any(r is None for r in results.values())
+            print(f"\n{size}:")
+            print(f"  {'backend':<12}{'tokens/s':>10}{'best s':>9}{'median s':>10}{'first call s':>14}"
+                  f"{'peak RSS MiB':>14}")
+            for backend, r in results.items():
+                if r:
+                    print(f"  {backend:<12}{r['tokens_per_s']:>10}{r['seconds']:>9}{r['median_s']:>10}"
+                          f"{r['first_call_s']:>14}{r['peak_rss_mib']:>14}")
+            native = results.get("native")
+            if native:
+                print(f"  native per step: {native['graph_ms_per_step']} ms in graphs, "
+                      f"{native['host_ms_per_step']} ms on the host (sampling, loop, transfers)")
+            for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("mindformers", None)):
+                if native and results.get(other):
+                    ratio = native["tokens_per_s"] / results[other]["tokens_per_s"]
+                    verdict = ("" if target is None else
+                               f"  (target >= {target}: {'met' if ratio >= target else 'MISSED'})")
+                    print(f"  native / {other}: {ratio:.2f}x{verdict}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
