@@ -1,0 +1,19 @@
+"""`import mindgrpo` (and building a model) is quiet and leaves the user's working directory untouched."""
+import subprocess
+import sys
+
+
+def test_import_is_quiet_and_writes_nothing_to_cwd(tmp_path, tiny_model_dir):
+    code = ("import mindgrpo\nfrom mindgrpo.models import build_model\n"
+            f"model = build_model({str(tiny_model_dir)!r}, role='reference')\nprint('built')\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "built", done.stdout
+    assert "WARNING" not in done.stderr, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_import_does_not_load_mindspore():
+    code = "import sys, mindgrpo, mindgrpo.config, mindgrpo.rewards; print('mindspore' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr
