@@ -1,22 +1,30 @@
 """The embedded demo: a tiny Qwen2.5-architecture model, its tokenizer and a GSM8K-format task, made locally.
 
-`make_demo(out_dir)` builds everything the README's first command needs without downloading anything:
+`make_demo(out_dir)` builds everything the README's first command needs, without downloading anything
+(`python -m mindgrpo.demo [OUT_DIR]` does the same from the shell):
 
 - **Task**: one-digit addition and subtraction word problems ("Tom has 3 apples and buys 4 more. How many apples
-  does Tom have now?") in GSM8K format: `answer` is `"3 + 4 = 7\\n#### 7"`. Train and test questions are disjoint.
-- **Tokenizer**: a Qwen2-format byte-level BPE (Qwen2's normaliser, split regex and byte-level pipeline, digits one
-  per token, `<|endoftext|>` / `<|im_start|>` / `<|im_end|>` appended) trained on the demo corpus and the prompt
-  templates, written as tokenizer.json + vocab.json/merges.txt + tokenizer_config.json (Qwen2.5's ChatML template).
-- **Model**: a Qwen2 config (hidden 64, 2 layers) initialised as Hugging Face does, then a short supervised warm
-  start in MindSpore on `gsm8k_hash` prompts -> answers. A random model never writes `#### N`, so GRPO's reward
-  would be all zeros; the warm start teaches the format and part of the arithmetic, leaving room for GRPO.
+  does Tom have now?") in GSM8K format: `answer` is `"3 + 4 = 7\n#### 7"`. 2,000 train and 200 test rows, no
+  question in both.
+- **Tokenizer**: a Qwen2-format byte-level BPE (Qwen2's NFC normaliser, split regex and byte-level pipeline, digits
+  one per token; `<|endoftext|>`, `<|im_start|>`, `<|im_end|>` appended) trained on the demo rows rendered in every
+  prompt template, so each template word is one token. Written as tokenizer.json, vocab.json + merges.txt and a
+  tokenizer_config.json with Qwen2.5's ChatML template; transformers' AutoTokenizer loads it.
+- **Model**: Qwen2 (hidden 64, 2 layers, 4 heads, 2 KV heads, tied embeddings, ~128k parameters) initialised as
+  Hugging Face does, then a short supervised **warm start** in MindSpore on `gsm8k_hash` prompts -> answers. A random
+  model never writes `#### N`, so GRPO's reward would be all zeros; the warm start stops once the model gets about a
+  fifth of its training answers exactly right (about 30-45% greedy test accuracy, less when sampling), which leaves
+  GRPO a reward signal and room to improve.
 
-The folder is stamped with `demo.json` (recipe version, seed, file hashes, measured facts) written last, and built in
-a temporary sibling folder that is renamed into place, so a second call returns at once and an interrupted call
-leaves nothing half-written. Same seed, same files.
+The folder is stamped with `demo.json` (recipe version, seed, file hashes, measured facts), written last. Everything
+is built in a temporary sibling folder that is renamed into place, so an interrupted call leaves nothing
+half-written, and a second call returns the stamped folder at once. Same seed, same files (on the same machine).
 """
 from __future__ import annotations
 
+import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -52,7 +60,7 @@ class DemoAssets:
     model_dir: Path  # Hugging Face folder: config, weights, tokenizer
     train_jsonl: Path
     test_jsonl: Path
-    facts: Dict[str, object] = field(default_factory=dict)  # e.g. warm_start_accuracy, params, vocab_size
+    facts: Dict[str, object] = field(default_factory=dict)  # e.g. test_greedy_accuracy, parameters, vocab_size
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -117,11 +125,13 @@ def make_problems(seed: int = 0, num_train: int = NUM_TRAIN, num_test: int = NUM
 # ---------------------------------------------------------------------------------------------------------------
 # Tokenizer
 # ---------------------------------------------------------------------------------------------------------------
+_SYSTEM_TURN = "system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n"  # chat default
+
+
 def _tokenizer_corpus(rows: Sequence[dict]) -> List[str]:
-    """Every text the demo puts through the tokenizer: rows in each prompt template, the chat template's system
-    turn, and the R1 tags, so prompts tokenize into whole words rather than bytes."""
+    """Every text the demo puts through the tokenizer: rows in each prompt template and the chat template's default
+    system turn, so prompts tokenize into whole words rather than bytes."""
     from mindgrpo.data import PROMPT_TEMPLATES
-    from mindgrpo.tokenizer import QWEN25_CHAT_TEMPLATE
 
     texts = []
     for row in rows:
@@ -130,10 +140,7 @@ def _tokenizer_corpus(rows: Sequence[dict]) -> List[str]:
             for special in SPECIAL_TOKENS:  # special tokens are added after training: keep them out of the merges
                 prompt = prompt.replace(special, "\n")
             texts.append(prompt + row["answer"])
-    system = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-    assert system in QWEN25_CHAT_TEMPLATE, "the default system turn changed; update the demo corpus"
-    texts += [f"system\n{system}\nuser\n", "<think> </think> <answer> </answer>"] * (len(rows) // 4)
-    return texts
+    return texts + [_SYSTEM_TURN] * (len(rows) // 4)
 
 
 def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE):
@@ -282,36 +289,61 @@ def _publish(tmp: Path, root: Path) -> None:
         os.replace(tmp, root)
 
 
+def default_demo_dir() -> Path:
+    """Where the README's command keeps the demo: mindgrpo's per-user cache (see `mindgrpo._env.cache_dir`)."""
+    from mindgrpo._env import cache_dir
+
+    return Path(cache_dir()) / "demo"
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path):
+    """One builder per folder at a time: data-parallel ranks that all call `make_demo` wait for the first one and
+    then find its stamp. The lock file lives in mindgrpo's cache, not next to the user's folder."""
+    from mindgrpo._env import cache_dir
+
+    locks = Path(cache_dir()) / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"demo-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
               force: bool = False) -> DemoAssets:
-    """Build (or reuse) the demo in `out_dir`: `model/` (Hugging Face folder), `train.jsonl`, `test.jsonl`,
-    `demo.json`. Returns the cached assets when `out_dir` already holds a complete demo of the same recipe, seed
-    and warm-start steps, unless `force`. `warm_start_steps=0` keeps the randomly initialised model.
+    """Build (or reuse) the demo in `out_dir`: `model/` (Hugging Face folder), `train.jsonl`, `test.jsonl` and the
+    `demo.json` stamp. Returns the existing assets at once when `out_dir` holds a complete demo (every file hash
+    checked) of the same recipe version, seed and `warm_start_steps`, unless `force`.
 
-    `out_dir` must be absent, empty or an earlier demo folder: anything else is refused rather than overwritten.
+    `warm_start_steps` caps the supervised warm start, which stops earlier once the model answers TARGET_MATCH of
+    its training batches exactly; 0 keeps the randomly initialised model. `out_dir` must be absent, empty or an
+    earlier demo folder: anything else is refused rather than overwritten.
     """
     if warm_start_steps < 0:
-        raise ValueError(f"warm_start_steps={warm_start_steps} must be >= 0")
+        raise ValueError(f"warm_start_steps={warm_start_steps} must be >= 0 (0 skips the warm start)")
     root = Path(out_dir).expanduser().resolve()
     recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
-    if not force:
-        cached = _cached(root, recipe)
+    with _build_lock(root):
+        cached = None if force else _cached(root, recipe)
         if cached is not None:
             return cached
-    if root.exists() and (not root.is_dir() or (any(root.iterdir()) and _read_stamp(root) is None)):
-        raise FileExistsError(f"{root} exists and is not a mindgrpo demo folder (no {STAMP}); pass an empty or "
-                              "new folder to make_demo, or delete this one")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; the published folder is an ordinary one
-        facts = _build(tmp, seed, warm_start_steps)
-        files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-        _write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
-        _publish(tmp, root)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and _read_stamp(root) is None)):
+            raise FileExistsError(f"{root} exists and is not a mindgrpo demo folder (no {STAMP}); pass an empty or "
+                                  "new folder to make_demo, or delete this one")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the published folder is an ordinary one
+            facts = _build(tmp, seed, warm_start_steps)
+            files = {p.relative_to(tmp).as_posix(): _sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            _write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
+            _publish(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return DemoAssets(root, *_asset_paths(root), facts)
 
 
@@ -336,7 +368,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     save_file(weights, str(init_dir / "model.safetensors"), metadata={"format": "pt"})  # "pt": what transformers expects
     facts: Dict[str, object] = {"vocab_size": config["vocab_size"],
                                 "parameters": int(sum(v.size for v in weights.values())),
-                                "num_train": len(train), "num_test": len(test), "warm_start_steps": warm_start_steps}
+                                "num_train": len(train), "num_test": len(test)}
     if warm_start_steps:
         facts.update(warm_start(init_dir, model_dir, train, test, max_steps=warm_start_steps, seed=seed))
         shutil.rmtree(init_dir)
@@ -353,7 +385,7 @@ BATCH_SIZE = 32
 LEARNING_RATE = 4e-3  # after WARMUP_STEPS of linear warmup, constant
 WARMUP_STEPS = 20
 ADAM_BETA2 = 0.99
-TARGET_MATCH = 0.2  # exact-match rate over the last MATCH_WINDOW training batches at which the warm start stops
+TARGET_MATCH = 0.22  # exact-match rate over the last MATCH_WINDOW training batches at which the warm start stops
 MATCH_WINDOW = 10
 
 
@@ -518,3 +550,21 @@ class _Scorer:
 
         golds = [row["answer"].rsplit("####", 1)[1].strip() for row in rows]
         return float(np.mean([accuracy_reward(text, gold) for text, gold in zip(self.completions(rows, seed), golds)]))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    """`python -m mindgrpo.demo [OUT_DIR]`: build (or find) the demo and print where it is and what it scored."""
+    parser = argparse.ArgumentParser(prog="python -m mindgrpo.demo", description=main.__doc__)
+    parser.add_argument("out_dir", nargs="?", default=None, help=f"default: {default_demo_dir()}")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--warm-start-steps", type=int, default=DEFAULT_WARM_START_STEPS)
+    parser.add_argument("--force", action="store_true", help="rebuild even when a matching demo exists")
+    args = parser.parse_args(argv)
+    assets = make_demo(args.out_dir or default_demo_dir(), seed=args.seed, warm_start_steps=args.warm_start_steps,
+                       force=args.force)
+    print(json.dumps({"model_dir": str(assets.model_dir), "train_jsonl": str(assets.train_jsonl),
+                      "test_jsonl": str(assets.test_jsonl), "facts": assets.facts}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -175,6 +175,22 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_concurrent_callers_share_one_build(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        first, second = pool.map(lambda _: demo.make_demo(tmp_path / "demo", warm_start_steps=0), range(2))
+    assert first == second
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["demo"]
+
+
+def test_command_line(tmp_path, capsys):
+    demo.main([str(tmp_path / "demo"), "--warm-start-steps", "0", "--seed", "3"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["model_dir"] == str(tmp_path / "demo" / "model")
+    assert json.loads((tmp_path / "demo" / demo.STAMP).read_text())["recipe"]["seed"] == 3
+
+
 def test_bad_arguments():
     with pytest.raises(ValueError, match="warm_start_steps"):
         demo.make_demo("unused", warm_start_steps=-1)
