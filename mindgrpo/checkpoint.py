@@ -244,7 +244,8 @@ def _step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (used to tell stale temp folders from live ones)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -447,7 +448,7 @@ class CheckpointManager:
             if not match or not path.is_dir():
                 continue
             kind, step, pid = match.group(1), int(match.group(2)), int(match.group(3))
-            if pid != os.getpid() and _pid_alive(pid):
+            if pid != os.getpid() and pid_alive(pid):
                 warnings.warn(f"left {path} in place: process {pid} that created it is still running. Delete it by "
                               "hand if no other run is saving into this folder.", CheckpointWarning, stacklevel=2)
                 continue

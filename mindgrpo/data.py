@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 
 import numpy as np
 
+from mindgrpo.checkpoint import pid_alive
 from mindgrpo.rewards import normalize_number
 
 if TYPE_CHECKING:
@@ -322,16 +323,6 @@ def index_path(mindrecord: PathLike) -> Path:
     return Path(f"{mindrecord}.db")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def _clean_leftovers(output: Path) -> None:
     """Remove what interrupted conversions to `output` left behind: staging folders of processes that no longer
     exist (SIGKILL, power loss) and a lone index whose data file is gone (a kill between the two renames)."""
@@ -339,7 +330,7 @@ def _clean_leftovers(output: Path) -> None:
         pid, _, rest = staging.name[len(f".{output.name}{_PARTIAL}"):].partition("@")
         host = rest.rsplit("-", 1)[0]
         # only this host's processes can be checked: another machine's run on a shared filesystem may be alive
-        if pid.isdigit() and host == socket.gethostname() and not _pid_alive(int(pid)):
+        if pid.isdigit() and host == socket.gethostname() and not pid_alive(int(pid)):
             shutil.rmtree(staging, ignore_errors=True)
     if index_path(output).exists() and not output.exists():
         index_path(output).unlink()
