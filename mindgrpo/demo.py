@@ -365,7 +365,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
         "bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"], config["pad_token_id"]],
         "pad_token_id": config["pad_token_id"]})
     weights = init_weights(config, seed)
-    save_file(weights, str(init_dir / "model.safetensors"), metadata={"format": "pt"})  # "pt": what transformers expects
+    save_file(weights, str(init_dir / "model.safetensors"), metadata={"format": "pt"})  # what transformers expects
     facts: Dict[str, object] = {"vocab_size": config["vocab_size"],
                                 "parameters": int(sum(v.size for v in weights.values())),
                                 "num_train": len(train), "num_test": len(test)}
@@ -378,7 +378,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
 # ---------------------------------------------------------------------------------------------------------------
 # Warm start (supervised) and accuracy
 # ---------------------------------------------------------------------------------------------------------------
-SEQ_LENGTH = 64  # longest gsm8k_hash prompt (50 tokens) + MAX_NEW_TOKENS
+SEQ_LENGTH = 64  # longest gsm8k_hash prompt (48 tokens) + MAX_NEW_TOKENS, checked by _encode
 MAX_NEW_TOKENS = 14  # the longest answer ("9 + 9 = 18\n#### 18") is 13 tokens + <|im_end|>
 _WINDOW = 16  # positions scored per row from the last prompt token: covers every answer + <|im_end|>
 BATCH_SIZE = 32
@@ -493,7 +493,8 @@ def warm_start(init_dir: Path, out_dir: Path, train: Sequence[dict], test: Seque
     export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir)
     scorer = _Scorer(model, tok)
     return {"warm_start_steps_run": step, "warm_start_loss": round(float(loss.asnumpy()), 4),
-            "warm_start_seconds": round(seconds, 1), "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4),
+            "warm_start_seconds": round(seconds, 1),
+            "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4),
             "test_greedy_accuracy": scorer.accuracy(test), "test_sampled_accuracy": scorer.accuracy(test, seed)}
 
 
