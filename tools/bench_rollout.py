@@ -9,13 +9,15 @@ intermediate 1408, vocab 4096, as in ../shared/peer/trl_grpo_bench.py), written 
 every framework loads the same weights.
 
 Each (model, backend) runs in its own process, so the peak RSS column is that backend's alone. The first call
-(graph compilation, HF warm-up) is reported separately; tokens/s is from the fastest of the timed repeats (the
-median time is printed too; one repeat for the mindformers backend by default: it recomputes the whole sequence
-per token and takes minutes on `small`). Ratios are
+(graph compilation, HF warm-up) is reported separately; then the backends' timed rollouts are interleaved, so on
+a shared machine they see the same load, and tokens/s comes from each backend's fastest run (the least disturbed,
+as in tools/bench_data.py; the median time is printed too). The mindformers backend gets one timed run by default:
+it recomputes the whole sequence per token and takes minutes on `small`. For the native backend, one more run
+splits a decoding step into time inside the compiled graphs and time on the host. Ratios are
 taken within this run: native / HF generate (target >= 2) and native / mindformers. The HF column is skipped
 when torch or transformers is missing.
 
-    python tools/bench_rollout.py [--sizes tiny small] [--backends native mindformers hf] [--repeats 3]
+    python tools/bench_rollout.py [--sizes tiny small] [--backends native mindformers hf] [--repeats 5] [--threads N]
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # measure this checkout's mindgrpo, whichever one pip has installed
 SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
 FIXTURE = SHARED / "fixtures" / "tiny-qwen2.5"
 GSM8K = SHARED / "data" / "gsm8k" / "train.jsonl"
@@ -100,24 +103,14 @@ def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]
 
 
 # ----------------------------------------------------------------------------------------------- workers
-def _timed(fn, repeats: int) -> Dict[str, float]:
-    """First call (compilation / warm-up) apart, then the fastest of `repeats` timed calls: the least disturbed by
-    other processes on a shared machine (as tools/bench_data.py does); the median is reported beside it."""
-    start = time.perf_counter()
-    tokens = fn()
-    first = time.perf_counter() - start
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = fn()
-        runs.append(time.perf_counter() - start)
-    best = min(runs)
-    return {"first_call_s": round(first, 2), "seconds": round(best, 3), "median_s": round(statistics.median(runs), 3),
-            "tokens": int(tokens), "tokens_per_s": round(tokens / best, 1)}
+# A worker loads one backend, runs the first (compiling / warming-up) call, then answers "run" lines on stdin
+# with one timed rollout each, so the driver can interleave backends: on a shared machine the load changes from
+# minute to minute, and interleaved runs see the same conditions.
+REPLY = "BENCH "  # prefix of the worker's answers (libraries may print to stdout too)
 
 
-def run_mindgrpo(backend: str, model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
-                 repeats: int, threads: Optional[int]) -> Dict[str, float]:
+def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
+                     threads: Optional[int]) -> Tuple[Callable[[], int], Callable[[], Dict[str, float]]]:
     import mindgrpo  # noqa: F401  (before mindspore)
     import mindspore as ms
     from mindgrpo.models import build_model
@@ -127,17 +120,14 @@ def run_mindgrpo(backend: str, model_dir: str, prompts: List[List[int]], n: int,
         ms.device_context.cpu.op_tuning.threads_num(threads)
     ms.set_context(mode=ms.GRAPH_MODE)
     actor = build_model(model_dir)
-    longest = max(map(len, prompts))
-    engine = build_rollout_engine(backend, actor, eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=longest,
-                                  max_batch_size=len(prompts) * n)
+    engine = build_rollout_engine(backend, actor, eos_token_id=EOS, pad_token_id=PAD,
+                                  max_prompt_length=max(map(len, prompts)), max_batch_size=len(prompts) * n)
     params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=1.0, n=n, seed=0)
-    result = _timed(lambda: engine.generate(prompts, params).num_tokens, repeats)
-    if backend == "native":
-        result.update(native_loop_overhead(engine, prompts, params))
-    return result
+    details = (lambda: native_loop_split(engine, prompts, params)) if backend == "native" else dict
+    return (lambda: engine.generate(prompts, params).num_tokens), details
 
 
-def native_loop_overhead(engine, prompts: List[List[int]], params) -> Dict[str, float]:
+def native_loop_split(engine, prompts: List[List[int]], params) -> Dict[str, float]:
     """Split one more native rollout into time inside the compiled graphs and time on the host (sampling, the
     Python decode loop, tensor transfers), per decoding step."""
     bucket = engine.bucket_for([p for p in prompts for _ in range(params.n)], params.max_tokens)
@@ -160,8 +150,8 @@ def native_loop_overhead(engine, prompts: List[List[int]], params) -> Dict[str, 
             "host_ms_per_step": round((total - in_graphs[0]) / params.max_tokens * 1e3, 2)}
 
 
-def run_hf(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int, repeats: int,
-           threads: Optional[int]) -> Dict[str, float]:
+def hf_rollout(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
+               threads: Optional[int]) -> Tuple[Callable[[], int], Callable[[], Dict[str, float]]]:
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -183,20 +173,31 @@ def run_hf(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int, re
                                  num_return_sequences=n, pad_token_id=PAD, eos_token_id=EOS)
         return int((out[:, width:] != PAD).sum())
 
-    result = _timed(generate, repeats)
-    result["torch_threads"] = torch.get_num_threads()
-    return result
+    return generate, lambda: {"torch_threads": torch.get_num_threads()}
 
 
 def worker(args: argparse.Namespace) -> None:
     prompts = json.loads(Path(args.prompts_file).read_text())
     if args.worker == "hf":
-        result = run_hf(args.model_dir, prompts, args.n, args.max_tokens, args.repeats, args.threads)
+        rollout, details = hf_rollout(args.model_dir, prompts, args.n, args.max_tokens, args.threads)
     else:
-        result = run_mindgrpo(args.worker, args.model_dir, prompts, args.n, args.max_tokens, args.repeats,
-                              args.threads)
-    result["peak_rss_mib"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-    print(json.dumps(result))
+        rollout, details = mindgrpo_rollout(args.worker, args.model_dir, prompts, args.n, args.max_tokens,
+                                            args.threads)
+
+    def reply(**fields) -> None:
+        print(REPLY + json.dumps(fields), flush=True)
+
+    start = time.perf_counter()
+    tokens = rollout()
+    reply(first_call_s=time.perf_counter() - start, tokens=tokens)
+    for command in sys.stdin:
+        if command.strip() == "run":
+            start = time.perf_counter()
+            tokens = rollout()
+            reply(seconds=time.perf_counter() - start, tokens=tokens)
+        else:
+            reply(peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **details())
+            return
 
 
 # ----------------------------------------------------------------------------------------------- driver
@@ -209,18 +210,64 @@ def hf_available() -> bool:
     return True
 
 
-def spawn(backend: str, model_dir: Path, prompts_file: Path, args: argparse.Namespace) -> Optional[Dict]:
-    repeats = args.mindformers_repeats if backend == "mindformers" else args.repeats
-    cmd = [sys.executable, __file__, "--worker", backend, "--model-dir", str(model_dir), "--prompts-file",
-           str(prompts_file), "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--repeats", str(repeats)]
-    if args.threads:
-        cmd += ["--threads", str(args.threads)]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    lines = proc.stdout.strip().splitlines()
-    if proc.returncode != 0 or not lines:
-        print(f"  {backend}: failed (exit {proc.returncode})\n{proc.stderr[-3000:]}", file=sys.stderr)
-        return None
-    return json.loads(lines[-1])
+class Worker:
+    """One backend in its own process (so its peak RSS is its own), driven line by line."""
+
+    def __init__(self, backend: str, model_dir: Path, prompts_file: Path, args: argparse.Namespace):
+        cmd = [sys.executable, __file__, "--worker", backend, "--model-dir", str(model_dir), "--prompts-file",
+               str(prompts_file), "--n", str(args.n), "--max-tokens", str(args.max_tokens)]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        self.backend = backend
+        self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty library cannot block the worker
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.first = self._read()
+        self.runs: List[float] = []
+
+    def _read(self) -> Dict:
+        for line in self.proc.stdout:
+            if line.startswith(REPLY):
+                return json.loads(line[len(REPLY):])
+        self.log.seek(0)
+        raise RuntimeError(f"{self.backend} worker exited ({self.proc.wait()}):\n{self.log.read()[-3000:]}")
+
+    def run(self) -> None:
+        self.proc.stdin.write("run\n")
+        self.proc.stdin.flush()
+        self.runs.append(self._read()["seconds"])
+
+    def finish(self) -> Dict:
+        self.proc.stdin.write("stop\n")
+        self.proc.stdin.flush()
+        final = self._read()
+        self.proc.wait()
+        best = min(self.runs)
+        return {**final, "first_call_s": round(self.first["first_call_s"], 2), "tokens": self.first["tokens"],
+                "seconds": round(best, 3), "median_s": round(statistics.median(self.runs), 3),
+                "tokens_per_s": round(self.first["tokens"] / best, 1)}
+
+
+def measure(backends: List[str], model_dir: Path, prompts_file: Path, args: argparse.Namespace) -> Dict:
+    """Start every backend's worker, then time the backends' rollouts in turns (rotating the order)."""
+    workers, results = {}, {}
+    try:
+        for backend in backends:  # loading and the first call happen one backend at a time
+            workers[backend] = Worker(backend, model_dir, prompts_file, args)
+        for turn in range(max(args.repeats, args.mindformers_repeats)):
+            order = backends[turn % len(backends):] + backends[:turn % len(backends)]
+            for backend in order:
+                limit = args.mindformers_repeats if backend == "mindformers" else args.repeats
+                if len(workers[backend].runs) < limit:
+                    workers[backend].run()
+        for backend, w in workers.items():
+            results[backend] = w.finish()
+    except RuntimeError as err:
+        print(f"  failed: {err}", file=sys.stderr)
+    finally:
+        for w in workers.values():
+            if w.proc.poll() is None:
+                w.proc.kill()
+    return results
 
 
 def main() -> int:
@@ -231,7 +278,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=5, help="timed rollouts per backend, interleaved")
     parser.add_argument("--mindformers-repeats", type=int, default=1,
                         help="timed repeats for the (slow, cache-less) mindformers backend")
     parser.add_argument("--threads", type=int, default=None,
@@ -261,8 +308,8 @@ def main() -> int:
                 print(f"tiny: fixture {FIXTURE} not found, skipped")
                 continue
             model_dir = FIXTURE if size == "tiny" else write_small_model(Path(tmp) / "small")
-            results = {b: spawn(b, model_dir, prompts_file, args) for b in backends}
-            failed |= any(r is None for r in results.values())
+            results = measure(backends, model_dir, prompts_file, args)
+            failed |= len(results) != len(backends)
             print(f"\n{size}:")
             print(f"  {'backend':<12}{'tokens/s':>10}{'best s':>9}{'median s':>10}{'first call s':>14}"
                   f"{'peak RSS MiB':>14}")
