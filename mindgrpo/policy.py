@@ -257,7 +257,12 @@ def rollout_options(config: GRPOConfig) -> dict:
     """Backend-specific engine settings from the config."""
     gen = config.generate_config
     if gen.backend == "vllm":
-        return {"generate_config": gen, "seq_length": gen.max_model_len or config.rl_config.seq_length}
+        return {"model_dir": gen.load or config.actor_config.load,
+                "max_model_len": gen.max_model_len or config.rl_config.seq_length,
+                "gpu_memory_utilization": gen.gpu_memory_utilization, "block_size": gen.block_size,
+                "tensor_parallel_size": gen.parallel_config.model_parallel,
+                "max_tokens": gen.sampling_config.max_tokens, "dtype": config.actor_config.compute_dtype,
+                "seed": config.rl_config.seed}
     return {}
 
 
