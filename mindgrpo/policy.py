@@ -207,7 +207,7 @@ class Policy:
         return np.concatenate(out)
 
     def update(self, data, advantages: np.ndarray, old_logp: Optional[np.ndarray], ref_logp: Optional[np.ndarray],
-               *, global_step: int, total_steps: int) -> Dict[str, float]:
+               *, total_steps: int) -> Dict[str, float]:
         """``num_iterations`` optimizer steps over this rank's rollouts; returns averaged metrics."""
         rl = self.config.rl_config
         micro = self.config.actor_config.micro_batch_size

@@ -111,7 +111,7 @@ class GRPOTrainer:
                 last = self.train_step()
                 if rl.save_ckpt_interval and self.step % rl.save_ckpt_interval == 0:
                     self.save_checkpoint()
-            if not self.checkpoints.list() or ckpt_step(self.checkpoints.list()[-1]) != self.step:
+            if not self.checkpoints.step_dir(self.step).exists():
                 self.save_checkpoint()
         finally:
             self.metrics.close()
@@ -149,8 +149,7 @@ class GRPOTrainer:
 
         # 6. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
         with _timed(timings, "timing/update"):
-            update = self.policy.update(data, advantages, old_logp, ref_logp, global_step=self.step,
-                                        total_steps=self.total_steps)
+            update = self.policy.update(data, advantages, old_logp, ref_logp, total_steps=self.total_steps)
         if update["skipped"]:
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row > rl.max_skipped_steps:
@@ -281,10 +280,6 @@ class GRPOTrainer:
 def short_name(verifier: str) -> str:
     """Metric-friendly verifier name: ``pkg.mod:func`` -> ``func`` (TensorBoard tags do not keep ':')."""
     return verifier.rsplit(":", 1)[-1].rsplit(".", 1)[-1]
-
-
-def ckpt_step(path: Path) -> int:
-    return int(path.name.rsplit("_", 1)[-1])
 
 
 @contextmanager
