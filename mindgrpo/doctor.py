@@ -1,0 +1,480 @@
+"""``python -m mindgrpo doctor``: check this machine, and optionally a config, before a long run.
+
+    python -m mindgrpo doctor                                     # the machine
+    python -m mindgrpo doctor --config grpo.yaml [--actor_checkpoint_path ...] [group.key=value ...]
+    python -m mindgrpo doctor --master_port 8119 --worker_num 8 --json
+
+One line per check, ``ok``, ``info``, ``warn`` or ``FAIL``, then its name and what was found; a failed check adds a
+``fix:`` line with the command or setting that fixes it. The exit code is 1 when any check FAILs, else 0.
+
+Checks: Python and the pinned packages against mindgrpo's own requirements (the checkout's setup.py, else the
+installed package metadata: one source of truth), the device MindSpore sees, the fused loss op (compiled into the
+cache if needed, then run once against the plain-ops twin), msrun on PATH, the msrun master port (a port held by
+another job, say a leftover scheduler or a Ray head, stops a launch with "address already in use"), writable
+cache and output folders, and with ``--config``: the values, every input path, the batch sizes, the parallel
+layout and the rollout backend, exactly as the trainer will see them.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterator, List, Optional, Sequence, Tuple
+
+import mindgrpo
+from mindgrpo import _env
+
+MSRUN_DEFAULT_PORT = 8118  # msrun's own default --master_port
+PINNED = ("mindspore", "mindformers", "numpy")  # reported on their own lines; other requirements share one
+ASCEND_ONLY = ("vllm rollout backend (vllm-mindspore), model/pipeline parallel (semi-auto parallel), the Ascend C "
+               "fused-loss kernel, bfloat16 compute")
+# examples/grpo/main.py fills in the model and data of its embedded demo only when run without --config.
+DEMO = "; the embedded demo needs neither: python examples/grpo/main.py"
+_REPO = Path(mindgrpo.__file__).resolve().parents[1]
+
+
+@dataclass
+class Check:
+    status: str   # "ok", "info", "warn" or "FAIL"
+    name: str
+    detail: str
+    fix: str = ""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Environment
+
+def requirements() -> Tuple[str, List[str], str]:
+    """(python_requires, install_requires, where they came from): the checkout's setup.py when running from a
+    checkout (the installed metadata may be older), else the installed distribution's metadata."""
+    setup_py = _REPO / "setup.py"
+    if setup_py.is_file():
+        for node in ast.walk(ast.parse(setup_py.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup":
+                kwargs = {k.arg: k.value for k in node.keywords}
+                try:
+                    return (ast.literal_eval(kwargs["python_requires"]),
+                            list(ast.literal_eval(kwargs["install_requires"])), str(setup_py))
+                except (KeyError, ValueError):
+                    break
+    meta = importlib.metadata.metadata("mindgrpo")
+    reqs = [r for r in importlib.metadata.requires("mindgrpo") or [] if "extra ==" not in r]
+    return meta.get("Requires-Python", ""), reqs, "installed mindgrpo metadata"
+
+
+def check_versions() -> Iterator[Check]:
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    try:
+        python_requires, install_requires, source = requirements()
+    except importlib.metadata.PackageNotFoundError:
+        yield Check("warn", "requirements", "no setup.py next to mindgrpo and no installed metadata",
+                    "pip install -e /path/to/mindgrpo")
+        return
+    version = platform.python_version()
+    ok = SpecifierSet(python_requires).contains(version, prereleases=True)
+    yield Check("ok" if ok else "FAIL", "python", f"{version} ({sys.executable}); supported {python_requires}",
+                "" if ok else f"use a Python {python_requires}, e.g. pyenv install 3.11 && pyenv local 3.11")
+    others: List[str] = []
+    for text in install_requires:
+        req = Requirement(text)
+        try:
+            found = importlib.metadata.version(req.name)
+        except importlib.metadata.PackageNotFoundError:
+            found = None
+        good = found is not None and req.specifier.contains(found, prereleases=True)
+        fix = "" if good else f'pip install "{text}"'
+        if req.name in PINNED:
+            yield Check("ok" if good else "FAIL", req.name,
+                        f"{found or 'not installed'}; supported {req.specifier or 'any'}", fix)
+        elif not good:
+            others.append(f"{req.name} {found or 'missing'} (need {req.specifier or 'any'})")
+    fix = "pip install " + " ".join(f'"{t}"' for t in install_requires if Requirement(t).name not in PINNED)
+    yield (Check("FAIL", "other requirements", "; ".join(others), fix) if others else
+           Check("ok", "other requirements", f"{len(install_requires) - len(PINNED)} more as in {source}"))
+
+
+def detect_device() -> Tuple[str, int]:
+    """The device target MindSpore picks by default and how many devices of it it reports."""
+    import mindspore as ms
+
+    target = ms.get_context("device_target")
+    try:
+        count = int(ms.hal.device_count()) if target != "CPU" else 1
+    except Exception:  # noqa: BLE001  (a driver problem: report the target anyway)
+        count = 0
+    return target, count
+
+
+def check_device(target: str, count: int) -> Iterator[Check]:
+    if target == "Ascend":
+        yield Check("ok" if count else "FAIL", "device", f"Ascend, {count} device(s) visible",
+                    "" if count else "check the driver with npu-smi info and ASCEND_RT_VISIBLE_DEVICES")
+    elif target == "CPU":
+        yield Check("ok", "device", f"CPU ({os.cpu_count()} cores); data parallel only")
+        yield Check("info", "ascend-only", f"not available on CPU: {ASCEND_ONLY}")
+    else:
+        yield Check("warn", "device", f"{target}: mindgrpo targets CPU (development) and Ascend (training)",
+                    "install the CPU or Ascend build of mindspore==2.9.0")
+
+
+def check_fused_op(target: str, loss_impl: str = "fused") -> Check:
+    """Compile (or find in the cache) the fused loss kernel, run it once and compare it with the plain ops."""
+    import numpy as np
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgrpo.algorithm.loss import LossSettings, plain_token_loss
+    from mindgrpo.ops import KernelBuildError, build_cpu_kernel, fused_token_loss, hyper_params
+
+    fix = ("python -m mindgrpo.ops --ascend (with CANN), or set rl_config.loss_impl=plain" if target == "Ascend"
+           else "install g++ (apt-get install g++) and run python -m mindgrpo.ops, or set rl_config.loss_impl=plain")
+    failed = "FAIL" if loss_impl == "fused" else "warn"
+    start = time.perf_counter()
+    previous_mode = ms.get_context("mode")
+    try:
+        where = f"; {build_cpu_kernel()}" if target == "CPU" else ""
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        rng = np.random.default_rng(0)
+        logp, old, ref = (Tensor(rng.normal(-1.0, 0.3, (4, 16)).astype(np.float32)) for _ in range(3))
+        adv = Tensor(rng.normal(size=4).astype(np.float32))
+        mask = Tensor((rng.random((4, 16)) > 0.2).astype(np.float32))
+        cfg = LossSettings(beta=0.04)
+        hyper = hyper_params(cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.kl_estimator,
+                             cfg.use_bias_correction_kl, True)
+        fused = fused_token_loss(logp, old, ref, adv, mask, hyper)
+        plain = plain_token_loss(logp, old, ref, adv, mask, cfg)
+        diff = max(float(np.abs(f.asnumpy() - p.asnumpy()).max()) for f, p in zip(fused, plain))
+    except (KernelBuildError, RuntimeError, NotImplementedError, TypeError, ValueError) as err:
+        return Check(failed, "fused loss op", f"does not build or run: {str(err).splitlines()[0]}", fix)
+    finally:
+        ms.set_context(mode=previous_mode)
+    seconds = time.perf_counter() - start
+    if diff > 1e-4:
+        return Check(failed, "fused loss op", f"runs but differs from the plain ops by {diff:.2e}", fix)
+    return Check("ok", "fused loss op", f"{target} kernel runs, matches plain ops ({diff:.1e}), {seconds:.1f} s{where}")
+
+
+def check_msrun(workers: int) -> Check:
+    path = shutil.which("msrun")
+    if path:
+        return Check("ok", "msrun", path)
+    return Check("FAIL" if workers > 1 else "warn", "msrun",
+                 "not on PATH" + (f"; needed for {workers} workers" if workers > 1 else "; needed for multi-worker runs"),
+                 "pip install mindspore==2.9.0 (msrun comes with it) and add its bin folder to PATH")
+
+
+def port_free(port: int) -> bool:
+    """True when nothing holds ``port`` on any local address (a listener on 127.0.0.1 blocks the wildcard too)."""
+    with socket.socket() as probe:
+        # SO_REUSEADDR, as servers set it: sockets in TIME_WAIT from a finished job do not block a new one.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def next_free_port(port: int, tries: int = 200) -> Optional[int]:
+    return next((p for p in range(port + 1, min(65536, port + 1 + tries)) if port_free(p)), None)
+
+
+def check_port(port: int, source: str) -> Check:
+    if not 1 <= port <= 65535:
+        return Check("FAIL", "master port", f"{port} ({source}) is not a TCP port", "--master_port 8118")
+    if port_free(port):
+        return Check("ok", "master port", f"{port} is free ({source})")
+    free = next_free_port(port)
+    return Check("FAIL", "master port",
+                 f"{port} ({source}) is already in use by another process (a running or leftover msrun job, "
+                 "a Ray head, another service); msrun would fail with 'address already in use'",
+                 f"use --master_port {free} (msrun), MASTER_PORT={free} bash scripts/run_grpo_8p.sh ..., or "
+                 f"find the holder with: ss -ltnp 'sport = :{port}'")
+
+
+def _existing_ancestor(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def check_writable(name: str, folder: str) -> Check:
+    """Create and delete a probe file in ``folder`` or its nearest existing parent (os.access lies for root)."""
+    target = Path(folder).expanduser().resolve()
+    base = _existing_ancestor(target)
+    try:
+        if not base.is_dir():
+            raise NotADirectoryError(f"{base} is a file")
+        fd, probe = tempfile.mkstemp(prefix=".mindgrpo-doctor-", dir=base)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        return Check("FAIL", name, f"{target}: cannot write ({err})",
+                     f"choose a writable folder, or fix permissions: chown -R $USER {base}")
+    free_gib = shutil.disk_usage(base).free / 2**30
+    status = "warn" if free_gib < 1 else "ok"
+    return Check(status, name, f"{target} ({free_gib:.0f} GiB free)",
+                 "free some disk space or choose another folder" if status == "warn" else "")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Config
+
+def _one_line(text: str) -> str:
+    return "; ".join(part.strip(" -") for part in str(text).splitlines() if part.strip(" -"))
+
+
+def check_paths(config) -> Iterator[Check]:
+    """Every input path of the config: set when required, present, and holding what the trainer will read."""
+    from mindgrpo.config import GRPOConfig, _path_keys, get_key
+
+    rl = config.rl_config
+    tokenizer = config.tokenizer_dir or "/path/to/Qwen2.5"
+    convert = (f"python tools/rlhf_data.py --tokenizer_dir {tokenizer} --file_path /path/to/gsm8k/train.jsonl "
+               f"--output_path {rl.dataset_file or 'data/gsm8k_train.mindrecord'} --dataset_type gsm8k "
+               f"--prompt_template r1_zero --max_prompt_length {rl.max_prompt_length}")
+    download = "huggingface-cli download Qwen/Qwen2.5-7B --local-dir {path}, or pass --actor_checkpoint_path DIR"
+    for key in _path_keys(GRPOConfig, "", "input"):
+        value = get_key(config, key)
+        if not value:
+            if key == "actor_config.load":
+                yield Check("FAIL", key, "not set: the Hugging Face Qwen2.5 folder the policy starts from",
+                            "pass --actor_checkpoint_path /path/to/Qwen2.5-7B (config.json + *.safetensors)" + DEMO)
+            elif key == "rl_config.dataset_file":
+                yield Check("FAIL", key, "not set: the MindRecord of prompts",
+                            f"convert your data: {convert}, then pass --dataset_file" + DEMO)
+            continue
+        path = Path(value)
+        if not path.exists():
+            fix = convert if key == "rl_config.dataset_file" else download.format(path=path) if key.endswith(
+                ".load") else f"point {key} at an existing folder"
+            yield Check("FAIL", key, f"{path}: no such file or folder", fix)
+        elif key == "rl_config.dataset_file":
+            index = Path(f"{path}.db")
+            yield (Check("ok", key, str(path)) if index.is_file() else
+                   Check("FAIL", key, f"{path} has no MindRecord index {index.name} next to it", convert))
+        elif key.endswith(".load"):
+            missing = [n for n in ("config.json",) if not (path / n).is_file()]
+            if not any(path.glob("*.safetensors")):
+                missing.append("*.safetensors")
+            yield (Check("FAIL", key, f"{path} lacks {', '.join(missing)}", download.format(path=path))
+                   if missing else Check("ok", key, str(path)))
+        elif key == "rl_config.tokenizer_dir":
+            yield _tokenizer_check(key, path)
+        else:
+            yield Check("ok", key, str(path))
+    if not rl.tokenizer_dir and config.actor_config.load and Path(config.actor_config.load).is_dir():
+        yield _tokenizer_check("tokenizer (actor_config.load)", Path(config.actor_config.load))
+
+
+def _tokenizer_check(name: str, folder: Path) -> Check:
+    if (folder / "tokenizer.json").is_file() or all((folder / n).is_file() for n in ("vocab.json", "merges.txt")):
+        return Check("ok", name, str(folder))
+    return Check("FAIL", name, f"{folder} has no tokenizer.json (nor vocab.json + merges.txt)",
+                 "copy the model's tokenizer files there, or set rl_config.tokenizer_dir (--tokenizer_dir)")
+
+
+def check_batches(config) -> Iterator[Check]:
+    """The trainer's static-shape rule: every micro-batch of the step's completions has the same size."""
+    rl = config.rl_config
+    group = rl.batch_size * rl.num_generations
+    for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
+                      ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
+        if group % size:
+            divisors = [d for d in range(1, group + 1) if group % d == 0 and d <= size] or [1]
+            yield Check("FAIL", "batch sizes", f"{key} = {size} does not divide rl_config.batch_size x "
+                        f"num_generations = {group}", f"{key}={divisors[-1]}")
+            return
+    yield Check("ok", "batch sizes", f"{group} completions per rank per step, micro-batches of "
+                f"{config.actor_config.micro_batch_size} (update) and {config.ref_config.ref_model_batch_size} (ref)")
+
+
+def _model_shape(config) -> Optional[dict]:
+    """Heads and layers from the actor's config.json, read directly: mindgrpo.models would import MindFormers
+    (seconds) for three numbers."""
+    try:
+        hf = json.loads((Path(config.actor_config.load) / "config.json").read_text(encoding="utf-8"))
+        return dict(num_heads=int(hf["num_attention_heads"]),
+                    num_kv_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
+                    num_layers=int(hf["num_hidden_layers"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: the path check reports it
+
+
+def check_layout(config, workers: int, device: str) -> Iterator[Check]:
+    """The actor's layout, as the trainer checks it, and the reference/rollout layouts when they are set."""
+    from mindgrpo.config import ConfigError, check_parallel_layout
+
+    shape = _model_shape(config)
+    for group in ("actor_config", "ref_config", "generate_config"):
+        layout = getattr(config, group).parallel_config
+        product = layout.data_parallel * layout.model_parallel * layout.pipeline_stage
+        if group != "actor_config" and product == 1:
+            continue  # left at the default: the trainer does not use it
+        dims = shape or dict(num_heads=layout.model_parallel, num_kv_heads=layout.model_parallel,
+                             num_layers=layout.pipeline_stage)  # divisibility unknown without config.json
+        try:
+            check_parallel_layout(layout, world_size=workers, device_target=device, key=f"{group}.parallel_config",
+                                  **dims)
+        except ConfigError as err:
+            yield Check("FAIL", f"layout {group}", _one_line(str(err).split(":", 1)[1]),
+                        f"set {group}.parallel_config so data_parallel x model_parallel x pipeline_stage = "
+                        f"{workers} (msrun --worker_num), with model/pipeline parallel only on Ascend")
+            continue
+        yield Check("ok", f"layout {group}", f"dp {layout.data_parallel} x mp {layout.model_parallel} x pp "
+                    f"{layout.pipeline_stage} = {workers} worker(s) on {device}"
+                    + ("" if shape else " (heads/layers not checked: no readable actor config.json)"))
+
+
+def check_backend(config, device: str) -> Iterator[Check]:
+    gen, rl = config.generate_config, config.rl_config
+    if gen.backend == "vllm":
+        if device != "Ascend":
+            yield Check("FAIL", "rollout backend", f"vllm needs Ascend NPUs; this run is on {device}",
+                        "generate_config.backend=native (or run on an Ascend host)")
+        elif importlib.util.find_spec("vllm_mindspore") is None:
+            yield Check("FAIL", "rollout backend", "vllm selected but vllm-mindspore is not installed",
+                        'pip install "mindgrpo[ascend]"')
+        else:
+            yield Check("ok", "rollout backend", "vllm (vllm-mindspore installed)")
+    else:
+        yield Check("ok", "rollout backend", gen.backend)
+    dtypes = {config.actor_config.compute_dtype, config.ref_config.compute_dtype}
+    if device == "CPU" and "bfloat16" in dtypes:
+        yield Check("warn", "compute dtype", "bfloat16 compute on CPU is untested (it is the Ascend recipe's dtype)",
+                    "actor_config.compute_dtype=float32 ref_config.compute_dtype=float32")
+    if rl.device_target not in ("auto", device):
+        yield Check("FAIL", "device target", f"rl_config.device_target = {rl.device_target}, but MindSpore sees "
+                    f"{device} here", f"run on an {rl.device_target} host, or set rl_config.device_target=auto")
+
+
+def check_config(config_path, overrides, flags):
+    """Load and validate (values only; paths are checked one by one later). A generator of Checks that returns
+    the config, or None when it does not load. Value problems are reported each on its own line, and the later
+    checks still run on the loaded config, so one doctor run lists everything to fix."""
+    from mindgrpo.config import ConfigError, load_config, validate
+
+    source = config_path or "the overrides"
+    try:
+        config = load_config(config_path, overrides, flags)
+    except ConfigError as err:
+        missing = config_path is not None and not Path(config_path).expanduser().is_file()
+        yield Check("FAIL", "config", _one_line(err), "pass an existing yaml, e.g. --config "
+                    "examples/grpo/grpo_demo.yaml" if missing else f"edit {source} (python -m mindgrpo "
+                    "config-help lists every key)")
+        return None
+    try:
+        validate(config, check_paths=False)
+    except ConfigError as err:
+        for problem in str(err).splitlines()[1:]:  # the first line is the heading, then one "  - " per problem
+            yield Check("FAIL", "config value", problem.strip(" -"), f"edit {source} or override the key "
+                        "(group.key=value)")
+        return config
+    yield Check("ok", "config", f"{config.config_path or 'defaults'} loads and its values validate")
+    return config
+
+
+def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = (), flags: Optional[dict] = None, *,
+                master_port: Optional[int] = None, workers: Optional[int] = None) -> Iterator[Check]:
+    """Every check, in order, as it completes (the op compile can take seconds; callers print as they go)."""
+    config = None
+    if config_path is not None or overrides or flags:
+        config = yield from check_config(config_path, overrides, flags)
+    yield from check_versions()
+    device, count = detect_device()
+    yield from check_device(device, count)
+    yield check_fused_op(device, config.rl_config.loss_impl if config else "fused")
+    layout = config.actor_config.parallel_config if config else None
+    world = workers or (layout.data_parallel * layout.model_parallel * layout.pipeline_stage if layout else 1)
+    yield check_msrun(world)
+    if master_port is None:
+        env_port = os.environ.get("MASTER_PORT")
+        port, source = (int(env_port), "$MASTER_PORT") if env_port and env_port.isdigit() else (
+            MSRUN_DEFAULT_PORT, "msrun's default; --master_port to check another")
+    else:
+        port, source = master_port, "--master_port"
+    yield check_port(port, source)
+    yield check_writable("cache folder", _env.cache_dir())
+    if config is None:
+        yield check_writable("output folder", "output")  # rl_config.output_dir's default, relative to the cwd
+        return
+    yield check_writable("rl_config.output_dir", config.rl_config.output_dir)
+    yield check_writable("checkpoint folder", config.checkpoint_dir)
+    yield from check_paths(config)
+    yield from check_batches(config)
+    target = device if config.rl_config.device_target == "auto" else config.rl_config.device_target
+    yield from check_layout(config, world, target)
+    yield from check_backend(config, device)
+
+
+def run_checks(*args, **kwargs) -> List[Check]:
+    return list(iter_checks(*args, **kwargs))
+
+
+def format_check(check: Check) -> str:
+    line = f"{check.status:<5} {check.name:<26} {check.detail}"
+    return line + (f"\n{'':5} {'':26} fix: {check.fix}" if check.fix and check.status in ("FAIL", "warn") else "")
+
+
+def summary(checks: Sequence[Check]) -> str:
+    counts = {s: sum(c.status == s for c in checks) for s in ("ok", "info", "warn", "FAIL")}
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Command line
+
+def build_parser() -> argparse.ArgumentParser:
+    from mindgrpo.config import CLI_FLAGS
+
+    parser = argparse.ArgumentParser(prog="python -m mindgrpo doctor", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="grpo_config.yaml to check (paths, batch sizes, parallel layout, backend)")
+    parser.add_argument("--master_port", type=int, help=f"msrun master port to check (default: $MASTER_PORT, "
+                                                        f"else {MSRUN_DEFAULT_PORT})")
+    parser.add_argument("--worker_num", type=int, help="msrun workers the run will use (default: the product of "
+                                                       "actor_config.parallel_config, or 1)")
+    parser.add_argument("--json", action="store_true", help="print the checks as one JSON object")
+    for flag, key in CLI_FLAGS.items():
+        if flag == "resume_training":
+            parser.add_argument("--resume_training", action="store_true", default=None, help=f"sets {key}")
+        else:
+            parser.add_argument(f"--{flag}", help=f"sets {key}")
+    parser.add_argument("overrides", nargs="*", metavar="group.key=value", help="config overrides, as main.py")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from mindgrpo.config import CLI_FLAGS
+
+    args = build_parser().parse_args(argv)
+    flags = {flag: getattr(args, flag) for flag in CLI_FLAGS if getattr(args, flag) is not None}
+    checks: List[Check] = []
+    if not args.json:
+        print(f"mindgrpo doctor: mindgrpo {mindgrpo.__version__} from {Path(mindgrpo.__file__).parent}", flush=True)
+    for check in iter_checks(args.config, args.overrides, flags, master_port=args.master_port,
+                             workers=args.worker_num):
+        checks.append(check)
+        if not args.json:
+            print(format_check(check), flush=True)
+    failed = any(c.status == "FAIL" for c in checks)
+    if args.json:
+        print(json.dumps({"ok": not failed, "summary": summary(checks), "checks": [asdict(c) for c in checks]},
+                         indent=1))
+    else:
+        print(f"\n{summary(checks)}" + (": fix the FAIL lines above, then run the doctor again" if failed else ""))
+    return 1 if failed else 0
