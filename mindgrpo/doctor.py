@@ -278,7 +278,7 @@ def check_paths(config) -> Iterator[Check]:
         else:
             yield Check("ok", key, str(path))
     if not rl.tokenizer_dir and config.actor_config.load and Path(config.actor_config.load).is_dir():
-        yield _tokenizer_check("tokenizer (actor_config.load)", Path(config.actor_config.load))
+        yield _tokenizer_check("tokenizer", Path(config.actor_config.load))  # rl_config.tokenizer_dir's fallback
 
 
 def _tokenizer_check(name: str, folder: Path) -> Check:

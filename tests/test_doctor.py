@@ -103,7 +103,7 @@ def test_good_config_passes(good_config):
     checks = doctor.run_checks(str(good_config), master_port=free_port())
     failed = [c for c in checks if c.status == "FAIL"]
     assert not failed, failed
-    for name in ("config", "rl_config.dataset_file", "actor_config.load", "tokenizer (actor_config.load)",
+    for name in ("config", "rl_config.dataset_file", "actor_config.load", "tokenizer",
                  "batch sizes", "layout actor_config", "rl_config.output_dir", "checkpoint folder",
                  "rollout backend"):
         assert by_name(checks, name).status == "ok", name
