@@ -16,6 +16,7 @@ _LAZY = {
     "RewardScorer": ("mindgrpo.rewards", "RewardScorer"),
     "MetricsLogger": ("mindgrpo.metrics", "MetricsLogger"),
     "read_metrics": ("mindgrpo.metrics", "read_metrics"),
+    "evaluate": ("mindgrpo.evaluation", "evaluate"),
 }
 __all__ = sorted(_LAZY)
 
