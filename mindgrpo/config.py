@@ -72,16 +72,17 @@ class OptimizerConfig:
 @dataclass
 class LRScheduleConfig:
     type: str = "constant"
-    """``constant`` (after optional warmup) or ``cosine`` (linear warmup, then cosine decay to lr_end).
+    """``constant`` (after optional warmup), ``cosine`` (linear warmup, then cosine decay to lr_end) or ``linear``
+    (linear warmup, then linear decay to lr_end; Hugging Face's and TRL's default).
     MindRLHF's ``CosineWithWarmUpLR`` is accepted as ``cosine``."""
     learning_rate: float = 1.0e-6
     """Peak learning rate."""
     lr_end: float = 0.0
-    """Final learning rate of the cosine schedule."""
+    """Final learning rate of the cosine and linear schedules."""
     warmup_steps: int = 0
     """Optimizer steps of linear warmup from 0 to learning_rate."""
     total_steps: int = 0
-    """Optimizer steps the cosine decays over; 0 means the whole run."""
+    """Optimizer steps the decay spans; 0 means the whole run."""
 
 
 @dataclass
@@ -221,6 +222,12 @@ class RLConfig:
     (Dr. GRPO: no division)."""
     loss_impl: str = "fused"
     """``fused`` (one custom kernel for surrogate + KL + metrics) or ``plain`` (MindSpore ops; the reference)."""
+    share_prompt: bool = True
+    """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
+    completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
+    tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
+    ref_config.ref_model_batch_size to be multiples of num_generations; uses mindgrpo's own Qwen2 forward, which
+    has no sharding strategies, so set it to false for model_parallel or pipeline_stage > 1 (Ascend)."""
     save_ckpt_interval: int = 100
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     save_max_ckpt_num: int = 1
@@ -504,7 +511,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "actor_config.compute_dtype": ("float32", "bfloat16", "float16"),
     "ref_config.compute_dtype": ("float32", "bfloat16", "float16"),
     "actor_config.optimizer.type": ("AdamW",),
-    "actor_config.lr_schedule.type": ("constant", "cosine"),
+    "actor_config.lr_schedule.type": ("constant", "cosine", "linear"),
     "generate_config.backend": ("native", "mindformers", "vllm"),
 }
 _LR_ALIASES = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine", "ConstantWarmUpLR": "constant"}
@@ -559,6 +566,18 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
         problems.append(f"rl_config.max_prompt_length ({rl.max_prompt_length}) + "
                         f"generate_config.sampling_config.max_tokens ({sampling.max_tokens}) exceeds "
                         f"rl_config.seq_length ({rl.seq_length}): raise seq_length or shorten one of them")
+    if rl.share_prompt:
+        for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
+                          ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
+            if size % rl.num_generations:
+                problems.append(f"{key} = {size} is not a multiple of rl_config.num_generations = "
+                                f"{rl.num_generations}: rl_config.share_prompt needs whole groups per micro-batch "
+                                "(change the size, or set rl_config.share_prompt: false)")
+        layout = config.actor_config.parallel_config
+        if layout.model_parallel > 1 or layout.pipeline_stage > 1:
+            problems.append("rl_config.share_prompt: true needs actor_config.parallel_config.model_parallel and "
+                            "pipeline_stage of 1 (its forward has no sharding strategies): set "
+                            "rl_config.share_prompt: false for this layout")
     rewards = config.reward_config
     if len(rewards.verifier_weight) != len(rewards.verifier_function):
         problems.append(f"reward_config.verifier_weight has {len(rewards.verifier_weight)} entries but "

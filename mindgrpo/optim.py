@@ -19,7 +19,8 @@ from mindgrpo.config import LRScheduleConfig, OptimizerConfig
 
 
 def learning_rate_at(schedule: LRScheduleConfig, step: int, total_steps: int) -> float:
-    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then constant or cosine to lr_end."""
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then constant, or a cosine or linear
+    decay to lr_end (``linear`` is Hugging Face's and TRL's default schedule)."""
     peak, warmup = schedule.learning_rate, schedule.warmup_steps
     if warmup and step < warmup:
         return peak * (step + 1) / warmup
@@ -27,6 +28,8 @@ def learning_rate_at(schedule: LRScheduleConfig, step: int, total_steps: int) ->
         return peak
     horizon = max(1, (schedule.total_steps or total_steps) - warmup)
     progress = min(1.0, (step - warmup) / horizon)
+    if schedule.type == "linear":
+        return schedule.lr_end + (peak - schedule.lr_end) * (1.0 - progress)
     return schedule.lr_end + 0.5 * (peak - schedule.lr_end) * (1.0 + math.cos(math.pi * progress))
 
 

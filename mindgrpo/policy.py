@@ -21,41 +21,58 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
 from mindgrpo.distributed import DistInfo, all_reduce_sum
-from mindgrpo.models import build_model, export_hf, load_hf_weights
+from mindgrpo.models import SharedPromptForward, build_model, export_hf, load_hf_weights
 from mindgrpo.optim import AdamW, clip_by_global_norm, learning_rate_at
 from mindgrpo.rollout import SamplingParams, build_rollout_engine
 
 
-class CompletionLogProbs(nn.Cell):
-    """Per-token log-probs and entropies of the completion part of ``[prompt | completion]`` rows."""
+class UnsharedForward(nn.Cell):
+    """MindFormers' forward over ``[prompt | completion]`` rows -> logits of the completion positions only."""
 
-    def __init__(self, model: nn.Cell, temperature: float):
+    def __init__(self, model: nn.Cell):
         super().__init__(auto_prefix=False)
-        self.model, self.temperature = model, temperature
+        self.model = model
 
     def construct(self, input_ids, attention_mask, completion_ids):
         hidden = self.model(input_ids, attention_mask)
         seq, width = input_ids.shape[1], completion_ids.shape[1]
         # The hidden state at position i predicts token i + 1: the completion is predicted from seq-width-1 on.
-        hidden = hidden[:, seq - width - 1: seq - 1]
-        logits = self.model.logits(hidden)
+        return self.model.logits(hidden[:, seq - width - 1: seq - 1])
+
+
+class CompletionLogProbs(nn.Cell):
+    """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
+    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group) or :class:`UnsharedForward`."""
+
+    def __init__(self, forward: nn.Cell, temperature: float):
+        super().__init__(auto_prefix=False)
+        self.forward, self.temperature = forward, temperature
+
+    def construct(self, prompt_part, prompt_mask, completion_ids):
+        logits = self.forward(prompt_part, prompt_mask, completion_ids)
         return (token_logprobs(logits, completion_ids, self.temperature),
                 token_entropy(logits, self.temperature))
+
+
+def completion_forward(model: nn.Cell, config: GRPOConfig) -> nn.Cell:
+    """The forward ``rl_config.share_prompt`` selects for ``model``."""
+    rl = config.rl_config
+    return SharedPromptForward(model, rl.num_generations, rl.seq_length) if rl.share_prompt else UnsharedForward(model)
 
 
 class GRPOLossCell(nn.Cell):
     """Scalar GRPO loss of one micro-batch plus its metrics (differentiated with respect to the actor)."""
 
-    def __init__(self, model: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool,
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool,
                  grad_accum_steps: int, dp_size: int):
         super().__init__(auto_prefix=False)
-        self.logprobs = CompletionLogProbs(model, temperature)
+        self.logprobs = CompletionLogProbs(forward, temperature)
         self.settings, self.on_policy = settings, on_policy
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
 
-    def construct(self, input_ids, attention_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
+    def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
                   num_items):
-        logp, entropy = self.logprobs(input_ids, attention_mask, completion_ids)
+        logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
         mask = completion_mask.astype(logp.dtype)
         # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
@@ -155,15 +172,16 @@ class Policy:
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
             max_completion_length=sampling.max_tokens, impl=rl.loss_impl)
         group = rl.batch_size * rl.num_generations
-        loss_cell = GRPOLossCell(self.actor, sampling.temperature, self.settings, on_policy=rl.num_iterations == 1,
+        actor_forward = completion_forward(self.actor, config)
+        loss_cell = GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=rl.num_iterations == 1,
                                  grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.world_size)
         accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
         self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist.world_size)
         self._apply = ApplyGradients(accumulators, self.optimizer)
         self._zero = ZeroGradients(accumulators)
-        self._actor_logprobs = CompletionLogProbs(self.actor, sampling.temperature)
-        self._ref_logprobs = (CompletionLogProbs(self.reference, sampling.temperature)
+        self._actor_logprobs = CompletionLogProbs(actor_forward, sampling.temperature)
+        self._ref_logprobs = (CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
                               if self.reference is not None else None)
 
     # ------------------------------------------------------------------------------------------------------------
@@ -190,6 +208,28 @@ class Policy:
         load_hf_weights(self.actor, model_dir)
         self.sync_weights()
 
+    def compiled_graphs(self) -> int:
+        """Graphs MindSpore has compiled for this policy so far (its per-Cell compile caches and the engine's)."""
+        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._zero, self._actor_logprobs,
+                 self._ref_logprobs)
+        engine = getattr(self.engine, "compiled_graphs", lambda: 0)()
+        return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
+
+    def precompile(self, data) -> None:
+        """Compile the shape-dependent graphs for a batch shaped like ``data`` (a ``Rollouts`` of dummy tokens):
+        a rollout of its prompts, the reference (and old) log-probs and one accumulated micro-batch, whose
+        gradients are then dropped. Weights and optimizer state are untouched."""
+        self.generate(list(data.prompt_ids), seed=0)
+        if self._ref_logprobs is not None:
+            self.reference_logprobs(data)
+        if self.config.rl_config.num_iterations > 1:
+            self.actor_logprobs(data)
+        micro = self.config.actor_config.micro_batch_size
+        zeros = Tensor(np.zeros((micro, data.completion_ids.shape[1]), np.float32))
+        self._accumulate(*self._model_inputs(data, 0, micro), Tensor(data.completion_mask[:micro]), zeros, zeros,
+                         zeros, Tensor(1.0, ms.float32))
+        self._zero()
+
     # ------------------------------------------------------------------------------------------------------------
     def reference_logprobs(self, data) -> np.ndarray:
         return self._score(self._ref_logprobs, data, self.config.ref_config.ref_model_batch_size)
@@ -199,12 +239,24 @@ class Policy:
 
     def _score(self, cell: nn.Cell, data, chunk: int) -> np.ndarray:
         out = []
-        for start in range(0, len(data.input_ids), chunk):
-            rows = slice(start, start + chunk)
-            logp, _ = cell(Tensor(data.input_ids[rows]), Tensor(data.attention_mask[rows]),
-                           Tensor(data.completion_ids[rows]))
+        for start in range(0, len(data.completion_ids), chunk):
+            logp, _ = cell(*self._model_inputs(data, start, chunk))
             out.append(logp.asnumpy())
         return np.concatenate(out)
+
+    def _model_inputs(self, data, start: int, count: int):
+        """The forward's three inputs for completions [start, start + count): shared, the group prompts
+        ``[count / G, P]`` once each; unshared, ``[prompt | completion]`` rows."""
+        g = self.config.rl_config.num_generations
+        rows = slice(start, start + count)
+        if self.config.rl_config.share_prompt:
+            groups = slice(start // g, (start + count) // g)
+            prompt, mask = data.prompt_ids[groups], data.prompt_mask[groups]
+        else:
+            of_row = np.arange(len(data.completion_ids))[rows] // g
+            prompt = np.concatenate([data.prompt_ids[of_row], data.completion_ids[rows]], 1)
+            mask = np.concatenate([data.prompt_mask[of_row], data.completion_mask[rows]], 1)
+        return Tensor(prompt), Tensor(mask), Tensor(data.completion_ids[rows])
 
     def update(self, data, advantages: np.ndarray, old_logp: Optional[np.ndarray], ref_logp: Optional[np.ndarray],
                *, total_steps: int) -> Dict[str, float]:
@@ -225,8 +277,7 @@ class Policy:
             for start in range(0, n, micro):
                 rows = slice(start, start + micro)
                 loss, metrics, entropy = self._accumulate(
-                    Tensor(data.input_ids[rows]), Tensor(data.attention_mask[rows]),
-                    Tensor(data.completion_ids[rows]), Tensor(data.completion_mask[rows]),
+                    *self._model_inputs(data, start, micro), Tensor(data.completion_mask[rows]),
                     Tensor(advantages[rows].astype(np.float32)), Tensor(old[rows]), Tensor(ref[rows]), num_items)
                 named = dict(zip(METRIC_KEYS, metrics.asnumpy().tolist()))
                 for key, value in {"actor/loss": float(loss), "actor/entropy": float(entropy), **named}.items():

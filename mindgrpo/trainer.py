@@ -33,12 +33,14 @@ class TrainingError(RuntimeError):
 @dataclass
 class Rollouts:
     """One step's batch on this rank, prompt-major: completion i belongs to prompt i // num_generations."""
-    input_ids: np.ndarray        # int32 [N, P + T]: left-padded prompt, then right-padded completion
-    attention_mask: np.ndarray   # int32 [N, P + T]
-    completion_ids: np.ndarray   # int32 [N, T]
+    prompt_ids: np.ndarray       # int32 [B, P]: each prompt once, left-padded to a bucket P
+    prompt_mask: np.ndarray      # int32 [B, P]: 1 on real prompt tokens
+    completion_ids: np.ndarray   # int32 [N, T]: right-padded, N = B x num_generations
     completion_mask: np.ndarray  # int32 [N, T]
-    prompt_lengths: np.ndarray   # int32 [N]
-    prompt_width: int            # P: the padded prompt length (a bucket)
+    prompt_lengths: np.ndarray   # int32 [N]: real prompt tokens of each completion's prompt
+
+
+PROMPT_BUCKET = 64  # prompt widths are multiples of this (the native rollout engine buckets the same way)
 
 
 def bucket(length: int, multiple: int, cap: int) -> int:
@@ -90,6 +92,7 @@ class GRPOTrainer:
         self.checkpoints = ckpt.CheckpointManager(config.checkpoint_dir, keep_last=rl.save_max_ckpt_num)
         self.step = 0
         self.skipped_in_a_row = 0
+        self.last_rollouts: Optional[Rollouts] = None  # the latest step's batch (for inspection and benchmarks)
         if rl.resume_training:
             self._resume()
         if self.dist.is_main:
@@ -102,6 +105,20 @@ class GRPOTrainer:
             rl.batch_size, seed=rl.seed, rank=self.dist.rank, world_size=self.dist.world_size)
 
     # ------------------------------------------------------------------------------------------------------------
+    def precompile(self) -> None:
+        """Compile, before training, the graphs of every prompt-width bucket a step can meet, so no step after it
+        compiles (the rollout engine's prefill/decode, reference and old log-probs, the update). Optional: without
+        it each bucket compiles the first time a batch needs it."""
+        rl = self.config.rl_config
+        widths = sorted({self.prompt_bucket(n) for n in range(1, rl.max_prompt_length + 1)})
+        g, t = rl.num_generations, self.config.generate_config.sampling_config.max_tokens
+        for width in widths:
+            # distinct prompts (the engine computes each distinct prompt once, so its batch shape depends on it)
+            prompts = np.arange(1, rl.batch_size + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
+            self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((rl.batch_size * g, t), np.int32),
+                                            np.ones((rl.batch_size * g, t), np.int32),
+                                            np.full(rl.batch_size * g, width, np.int32)))
+
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
         rl = self.config.rl_config
@@ -127,7 +144,7 @@ class GRPOTrainer:
         # 1. Rollout: num_generations completions per prompt from the current policy.
         with _timed(timings, "timing/rollout"):
             rollout = self.policy.generate(batch.prompt_ids, seed=self._sampling_seed())
-        data = self._pack(batch, rollout.completion_ids, rollout.completion_mask)
+        data = self.last_rollouts = self._pack(batch, rollout.completion_ids, rollout.completion_mask)
 
         # 2. Score every completion with the rule-based verifiers.
         completions = self.tokenizer.batch_decode(
@@ -179,21 +196,21 @@ class GRPOTrainer:
                    .generate_state(1)[0] & 0x7FFFFFFF)
 
     def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
-        """Left-pad prompts to a bucket P, append the completions: every row is [pad..., prompt, completion, pad...]."""
+        """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions."""
         rl = self.config.rl_config
-        g = rl.num_generations
-        lengths = np.repeat(batch.lengths.astype(np.int32), g)
-        width = bucket(int(lengths.max()), 64, rl.max_prompt_length)
-        n, t = completion_ids.shape
-        prompt = np.full((n, width), self.tokenizer.pad_token_id, np.int32)
-        prompt_mask = np.zeros((n, width), np.int32)
+        width = self.prompt_bucket(int(batch.lengths.max()))
+        prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
+        prompt_mask = np.zeros((len(batch), width), np.int32)
         for i, ids in enumerate(batch.prompt_ids):
-            for j in range(g):
-                prompt[i * g + j, width - len(ids):] = ids
-                prompt_mask[i * g + j, width - len(ids):] = 1
+            prompt[i, width - len(ids):] = ids
+            prompt_mask[i, width - len(ids):] = 1
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
-        return Rollouts(np.concatenate([prompt, completion_ids], 1), np.concatenate([prompt_mask, completion_mask], 1)
-                        .astype(np.int32), completion_ids, completion_mask.astype(np.int32), lengths, width)
+        return Rollouts(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32),
+                        np.repeat(batch.lengths.astype(np.int32), rl.num_generations))
+
+    def prompt_bucket(self, length: int) -> int:
+        """The padded prompt width for a batch whose longest prompt has ``length`` tokens."""
+        return bucket(length, PROMPT_BUCKET, self.config.rl_config.max_prompt_length)
 
     def _step_metrics(self, data: Rollouts, rewards, advantages, zero_std_groups: int, update: Dict[str, float],
                       timings: Dict[str, float]) -> Dict[str, float]:

@@ -72,3 +72,11 @@ def test_schedules():
     assert learning_rate_at(cos, 2, 12) == pytest.approx(1.0)
     assert learning_rate_at(cos, 7, 12) == pytest.approx(0.1 + 0.45 * (1 + math.cos(math.pi * 0.5)))
     assert learning_rate_at(cos, 12, 12) == pytest.approx(0.1)
+
+
+def test_linear_schedule_matches_transformers_default():
+    """TRL's default: linear decay from the peak at step 0 to 0 at the last step (no warmup)."""
+    linear = LRScheduleConfig(type="linear", learning_rate=1e-5)
+    assert [learning_rate_at(linear, s, 4) for s in range(5)] == pytest.approx([1e-5, 7.5e-6, 5e-6, 2.5e-6, 0.0])
+    warm = LRScheduleConfig(type="linear", learning_rate=1.0, lr_end=0.2, warmup_steps=2)
+    assert [learning_rate_at(warm, s, 6) for s in range(7)] == pytest.approx([0.5, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2])

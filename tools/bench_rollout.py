@@ -25,7 +25,6 @@ import argparse
 import itertools
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -36,54 +35,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # measure this checkout's mindgrpo, whichever one pip has installed
-SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
-FIXTURE = SHARED / "fixtures" / "tiny-qwen2.5"
-GSM8K = SHARED / "data" / "gsm8k" / "train.jsonl"
-SMALL = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2,
-             intermediate_size=1408, vocab_size=4096)
-PAD, EOS = 4093, 4095
+from benchlib import EOS, FIXTURE, PAD, peak_rss_mib, write_small_model
+from benchlib import GSM8K_TRAIN as GSM8K
+
 TARGET_NATIVE_OVER_HF = 2.0
 
 
 # ----------------------------------------------------------------------------------------------- setup
-def write_small_model(folder: Path, seed: int = 0) -> Path:
-    """A random Qwen2 `small` as a Hugging Face folder (config.json + model.safetensors), HF-style init."""
-    from safetensors.numpy import save_file
-
-    config = json.loads((FIXTURE / "config.json").read_text()) if FIXTURE.exists() else {
-        "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
-        "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-        "bos_token_id": PAD, "pad_token_id": PAD, "eos_token_id": EOS, "use_sliding_window": False}
-    for key in ("layer_types", "rope_parameters", "transformers_version", "dtype"):
-        config.pop(key, None)
-    config.update(SMALL, rope_theta=1e6, torch_dtype="float32")
-    rng = np.random.default_rng(seed)
-    h, kv = SMALL["hidden_size"], SMALL["num_key_value_heads"] * SMALL["hidden_size"] // SMALL["num_attention_heads"]
-
-    def normal(*shape: int) -> np.ndarray:
-        return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-    tensors = {"model.embed_tokens.weight": normal(SMALL["vocab_size"], h), "model.norm.weight": np.ones(h, np.float32)}
-    for i in range(SMALL["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        tensors.update({
-            p + "self_attn.q_proj.weight": normal(h, h), p + "self_attn.q_proj.bias": np.zeros(h, np.float32),
-            p + "self_attn.k_proj.weight": normal(kv, h), p + "self_attn.k_proj.bias": np.zeros(kv, np.float32),
-            p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.v_proj.bias": np.zeros(kv, np.float32),
-            p + "self_attn.o_proj.weight": normal(h, h),
-            p + "mlp.gate_proj.weight": normal(SMALL["intermediate_size"], h),
-            p + "mlp.up_proj.weight": normal(SMALL["intermediate_size"], h),
-            p + "mlp.down_proj.weight": normal(h, SMALL["intermediate_size"]),
-            p + "input_layernorm.weight": np.ones(h, np.float32),
-            p + "post_attention_layernorm.weight": np.ones(h, np.float32)})
-    folder.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=1))
-    return folder
-
-
 def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]:
     """The first `count` GSM8K train prompts whose token length lies in [low, high]; random ids without the data."""
     try:
@@ -196,7 +154,7 @@ def worker(args: argparse.Namespace) -> None:
             tokens = rollout()
             reply(seconds=time.perf_counter() - start, tokens=tokens)
         else:
-            reply(peak_rss_mib=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1), **details())
+            reply(peak_rss_mib=peak_rss_mib(), **details())
             return
 
 

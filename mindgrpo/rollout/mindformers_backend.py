@@ -31,7 +31,7 @@ from mindspore import Tensor, nn
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
                                   assemble_result, check_request, eos_tuple)
 from mindgrpo.rollout.native import graph_mode
-from mindgrpo.rollout.qwen2_graph import find_causal_lm
+from mindgrpo.models.qwen2_blocks import find_causal_lm
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
 
 _SEQ_STEP = 64
