@@ -225,9 +225,9 @@ class Policy:
         if self.config.rl_config.num_iterations > 1:
             self.actor_logprobs(data)
         micro = self.config.actor_config.micro_batch_size
-        zeros = Tensor(np.zeros((micro, data.completion_ids.shape[1]), np.float32))
-        self._accumulate(*self._model_inputs(data, 0, micro), Tensor(data.completion_mask[:micro]), zeros, zeros,
-                         zeros, Tensor(1.0, ms.float32))
+        per_token = Tensor(np.zeros((micro, data.completion_ids.shape[1]), np.float32))
+        self._accumulate(*self._model_inputs(data, 0, micro), Tensor(data.completion_mask[:micro]),
+                         Tensor(np.zeros(micro, np.float32)), per_token, per_token, Tensor(1.0, ms.float32))
         self._zero()
 
     # ------------------------------------------------------------------------------------------------------------

@@ -1,10 +1,11 @@
-"""Per-token log-probs and entropies from logits, keeping vocabulary-sized temporaries to a minimum.
+"""Per-token log-probs and entropies from logits, with every vocabulary-sized step a kernel that needs no index tables.
 
-Qwen2.5's vocabulary has 151,936 entries, so a [B, T, V] float32 tensor is ~0.6 MB per token; a full log-softmax
-would add one more such tensor on top of the logits. Instead we gather the target logit and subtract the
-log-sum-exp (one [B, T] result), the way TRL's ``selective_log_softmax`` does for float32. The max used to
-stabilise the exp is detached: d lse / d max is exactly zero, so this is the same gradient without a backward
-pass through ``ReduceMax``. ``chunk_size`` bounds the remaining temporaries (the shifted logits and their exp) to
+Qwen2.5's vocabulary has 151,936 entries, so a [B, T, V] float32 tensor is ~0.6 MB per token. On CPU, MindSpore's
+broadcasting element-wise kernels (``logits - max[..., None]``) and ``Transpose`` build a table of 8-byte indices per
+output element when a graph is compiled, and keep it for the graph's lifetime: two such tables cost four times
+the logits themselves, in every compiled shape (found with an allocation tracer; see the README's performance
+notes). So the log-softmax is MindSpore's own ``LogSoftmax`` kernel (one fused pass, its own backward, no tables)
+followed by a gather of the target column, and temperature scaling is a scalar multiply. ``chunk_size`` bounds the temporaries to
 ``chunk_size`` rows of the flattened [B*T, V] logits; ``ops.split`` is used so the backward concatenates chunk
 gradients rather than padding each to full size. The gradient with respect to the logits is itself [B, T, V], so
 training cannot go below that.
@@ -23,10 +24,8 @@ def _chunks(rows: Tensor, chunk_size: int | None) -> tuple[Tensor, ...]:
     return ops.split(rows, chunk_size, axis=0)
 
 
-def _scaled_shift(logits: Tensor, temperature: float) -> Tensor:
-    """``(logits - max) / temperature``, the numerically safe argument of the softmax."""
-    shifted = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
-    return shifted if temperature == 1.0 else shifted * (1.0 / temperature)
+def _scaled(logits: Tensor, temperature: float) -> Tensor:
+    return logits if temperature == 1.0 else logits * (1.0 / temperature)
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0,
@@ -46,9 +45,8 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0,
     flat_ids = targets.reshape(-1, 1).astype(ms.int32)
     pieces = []
     for rows, ids in zip(_chunks(logits.reshape(-1, vocab), chunk_size), _chunks(flat_ids, chunk_size)):
-        z = _scaled_shift(rows, temperature)
-        picked = ops.gather_elements(z, 1, ids).squeeze(-1)
-        pieces.append(picked - ops.log(ops.exp(z).sum(axis=-1)))
+        log_p = ops.log_softmax(_scaled(rows, temperature), -1)
+        pieces.append(ops.gather_elements(log_p, 1, ids).squeeze(-1))
     flat = pieces[0] if len(pieces) == 1 else ops.cat(pieces)
     return flat.reshape(targets.shape)
 
@@ -56,8 +54,8 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0,
 def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
     """Entropy of ``softmax(logits / temperature)`` per position: [B, T, V] -> [B, T], without gradient.
 
-    Computed as ``lse(z) - sum(softmax(z) * z)`` on the shifted logits z; it is a metric (``actor/entropy``), so
-    the logits are detached and no [B, T, V] activation is kept for a backward pass.
+    Computed as ``-sum(softmax(z) * log_softmax(z))``; it is a metric (``actor/entropy``), so the logits are
+    detached and no [B, T, V] activation is kept for a backward pass.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
@@ -65,9 +63,7 @@ def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_size: int | No
     vocab = logits.shape[-1]
     pieces = []
     for rows in _chunks(logits.reshape(-1, vocab), chunk_size):
-        z = _scaled_shift(rows, temperature)
-        exp_z = ops.exp(z)
-        total = exp_z.sum(axis=-1)
-        pieces.append(ops.log(total) - (exp_z * z).sum(axis=-1) / total)
+        z = _scaled(rows, temperature)
+        pieces.append(-(ops.softmax(z, -1) * ops.log_softmax(z, -1)).sum(axis=-1))
     flat = pieces[0] if len(pieces) == 1 else ops.cat(pieces)
     return flat.reshape(logits.shape[:-1])
