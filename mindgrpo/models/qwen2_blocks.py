@@ -152,6 +152,8 @@ class Qwen2Blocks(nn.Cell):
         self.rotate = Tensor(np.block([[zero, eye], [-eye, zero]]))  # x @ rotate == concat(-x2, x1)
         self.bmm_t = ops.BatchMatMul(transpose_b=True)
         self.bmm = ops.BatchMatMul()
+        self.matmul_t = ops.MatMul(transpose_b=True)  # x [rows, in] @ W[out, in]^T with W as stored
+        self.softmax = Softmax()
 
     # Layout: between attention blocks the hidden states are feature-major, hT [hidden, rows], so every weight
     # product is ``W @ hT`` with the [out, in] weight as stored. MindSpore's CPU MatMul with ``transpose_b`` (what
@@ -229,3 +231,92 @@ class Qwen2Blocks(nn.Cell):
         """Grouped attention: q [b, kv_heads, groups*s, d], k/v [b, kv_heads, t, d], bias broadcast to scores."""
         scores = self._f32(self.bmm_t(q, k)) * self.scale + bias
         return self.bmm(self._compute(ops.softmax(scores, -1)), v)
+
+    # Row-major blocks (x [rows, hidden]) for passes over many tokens: the prompt prefill and the training-side
+    # forward. On CPU, MindSpore's Transpose and broadcasting element-wise kernels build a table of 8-byte indices
+    # per output element when a graph is compiled and keep it for the graph's lifetime (two to four times the tensor
+    # itself, in every compiled shape). These blocks therefore multiply by the stored weights with ``MatMul`` on
+    # transposed operands, expand broadcast operands with ``Tile`` (index-free) and run attention one KV head at a
+    # time on column slices, so they need no such table. (The decode graph keeps the feature-major blocks above:
+    # its tensors are a few rows, and it is bound by kernel launches, which Tile would add.)
+    def _embed_rows(self, tokens):
+        return self._compute(ops.gather(self.weights[0], tokens, 0))
+
+    def _rope_rows(self, positions):
+        """cos/sin [rows, heads + kv_heads, head_dim] for flat positions, shared by every layer."""
+        rows, width = positions.shape[0], self.heads + self.kv_heads
+        cos = ops.gather(self.cos, positions, 0).reshape((rows, 1, self.head_dim))
+        sin = ops.gather(self.sin, positions, 0).reshape((rows, 1, self.head_dim))
+        return ops.tile(cos, (1, width, 1)), ops.tile(sin, (1, width, 1))
+
+    def _rms_norm_rows(self, x, weight):
+        h = self._f32(x)
+        scale = ops.rsqrt(ops.mean(ops.square(h), -1, keep_dims=True) + self.eps)
+        h = self._compute(h * ops.tile(scale, (1, h.shape[1])))
+        return h * ops.tile(weight.reshape((1, -1)), (h.shape[0], 1))
+
+    def _linear_rows(self, layer: int, weight: int, x, bias: int = -1):
+        y = self.matmul_t(x, self._w(layer, weight))
+        if bias >= 0:
+            y = y + ops.tile(self._w(layer, bias).reshape((1, -1)), (y.shape[0], 1))
+        return y
+
+    def _qkv_rows(self, layer: int, x, cos, sin):
+        """RoPE'd q [rows, heads, d], k [rows, kv_heads, d] and v [rows, kv_heads, d]."""
+        h = self._rms_norm_rows(x, self._w(layer, self.f_norm1))
+        use_bias = self.qkv_bias
+        rows = h.shape[0]
+        qk = ops.concat((self._linear_rows(layer, self.f_wq, h, self.f_bq if use_bias else -1),
+                         self._linear_rows(layer, self.f_wk, h, self.f_bk if use_bias else -1)), 1)
+        qk = self._rope(qk.reshape((rows, self.heads + self.kv_heads, self.head_dim)), cos, sin)
+        v = self._linear_rows(layer, self.f_wv, h, self.f_bv if use_bias else -1)
+        return qk[:, :self.heads], qk[:, self.heads:], v.reshape((rows, self.kv_heads, self.head_dim))
+
+    def _attention_out_rows(self, layer: int, x, ctx):
+        return x + self.matmul_t(ctx, self._w(layer, self.f_wo))
+
+    def _mlp_rows(self, layer: int, x):
+        h = self._rms_norm_rows(x, self._w(layer, self.f_norm2))
+        gate = self._linear_rows(layer, self.f_w1, h)
+        return x + self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h), self._w(layer, self.f_w2))
+
+    def _logits_rows(self, x):
+        """float32 logits [rows, vocab] of final hidden states x [rows, hidden]."""
+        return self._f32(self.matmul_t(self._rms_norm_rows(x, self._param(1)), self._param(2)))
+
+    def _scores_softmax(self, scores, bias):
+        return self._compute(self.softmax(self._f32(scores) * self.scale + bias))
+
+    def _causal_bias_rows(self, key_valid, s: int):
+        """Additive float32 bias [B, S * groups, S] for causal attention within left-padded rows (key_valid [B, S],
+        1 on real tokens); query rows are position-major, then query head of the KV head."""
+        b, grp = key_valid.shape[0], self.groups
+        causal = ops.tile(ops.tril(ops.ones((s, s), ms.float32)).reshape((s, 1, s)), (1, grp, 1))
+        allowed = (ops.tile(causal.reshape((1, s * grp, s)), (b, 1, 1))
+                   * ops.tile(ops.cast(key_valid, ms.float32).reshape((b, 1, s)), (1, s * grp, 1)))
+        return (allowed - 1.0) * (-MASKED_SCORE)
+
+    def _causal_attention_rows(self, q, k, v, bias, b: int, s: int):
+        """Attention within each of b rows of s tokens: q [b*s, heads, d], k/v [b*s, kv_heads, d] -> [b*s, hidden].
+        A KV head's keys are the column slice k[:, h]; its query heads are q's adjacent slice, read as ``groups``
+        queries per position."""
+        grp, d = self.groups, self.head_dim
+        out = ()
+        for h in range(self.kv_heads):
+            q_h = q[:, h * grp:(h + 1) * grp].reshape((b, s * grp, d))
+            ctx = self.bmm(self._scores_softmax(self.bmm_t(q_h, k[:, h].reshape((b, s, d))), bias),
+                           v[:, h].reshape((b, s, d)))  # [b, s*groups, d]
+            out += (ctx.reshape((b * s, grp * d)),)
+        return ops.concat(out, 1)
+
+
+class Softmax(nn.Cell):
+    """Softmax over the last axis whose backward expands the row sums with ``Tile``: MindSpore's own backward
+    subtracts a broadcast ``[..., 1]`` operand, whose kernel keeps an index table of twice the scores' size."""
+
+    def construct(self, x):
+        return ops.softmax(x, -1)
+
+    def bprop(self, x, out, dout):
+        row_sums = (dout * out).sum(-1, keepdims=True)
+        return ((dout - ops.tile(row_sums, (1,) * (x.ndim - 1) + (x.shape[-1],))) * out,)

@@ -27,38 +27,33 @@ __all__ = ["DecodeGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
 
 
 class PrefillGraph(Qwen2Blocks):
-    """Prompt pass: logits after each prompt and its keys/values written to the cache rows of its samples."""
+    """Prompt pass: logits after each prompt and its keys/values written to the cache rows of its samples.
+    Row-major, table-free blocks (many tokens: see :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks`)."""
 
     def construct(self, tokens, positions, key_valid, rows):
         """tokens/positions/key_valid: [P, S] (prompts left-padded to S; key_valid 1 on real tokens);
         rows: [B] index of the prompt each cache row (sample) continues. Returns logits [P, vocab]."""
         p, s = tokens.shape
-        b = rows.shape[0]
-        hT = self._embed_t(tokens.reshape((-1,)))  # [hidden, P*S]
-        flat_pos = positions.reshape((-1,))
-        cos = ops.gather(self.cos, flat_pos, 0)
-        sin = ops.gather(self.sin, flat_pos, 0)
-        causal = ops.tril(ops.ones((s, s), ms.float32))
-        allowed = causal.reshape((1, s, s)) * key_valid.reshape((p, 1, s))
-        bias = ((allowed - 1.0) * (-MASKED_SCORE)).reshape((p, 1, 1, s, s))
-        bias = ops.broadcast_to(bias, (p, 1, self.groups, s, s)).reshape((p, 1, self.groups * s, s))
-        tail = ops.zeros((b, self.kv_heads, self.cache_len - s, self.head_dim), self.dtype)
+        b, d = rows.shape[0], self.head_dim
+        cos, sin = self._rope_rows(positions.reshape((-1,)))
+        x = self._embed_rows(tokens.reshape((-1,)))  # [P*S, hidden]
+        bias = self._causal_bias_rows(key_valid, s)
+        tail = ops.zeros((b, self.kv_heads, self.cache_len - s, d), self.dtype)
         writes = ()
         for i in range(self.num_layers):
-            q, k, v = self._qkv(i, hT, cos, sin)
-            # query head kv*groups + g reads kv head kv: fold the groups into the query length
-            q = q.reshape((p, s, self.heads, self.head_dim)).transpose((0, 2, 1, 3))
-            q = q.reshape((p, self.kv_heads, self.groups * s, self.head_dim))
-            k = k.reshape((p, s, self.kv_heads, self.head_dim)).transpose((0, 2, 1, 3))
-            v = v.reshape((p, s, self.kv_heads, self.head_dim)).transpose((0, 2, 1, 3))
-            ctx = self._attend(q, k, v, bias)  # [P, kv_heads, groups*S, d]
-            ctx = ctx.reshape((p, self.heads, s, self.head_dim)).transpose((0, 2, 1, 3))
-            hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((p * s, self.hidden))))
-            # fork: cache row r continues prompt rows[r]; the tail beyond S is filled by decoding
-            writes += (ops.assign(self.kv_cache[2 * i], ops.concat((ops.gather(k, rows, 0), tail), 2)),
-                       ops.assign(self.kv_cache[2 * i + 1], ops.concat((ops.gather(v, rows, 0), tail), 2)))
-        last = hT.reshape((self.hidden, p, s))[:, :, s - 1]  # [hidden, P]: each prompt's last token
-        return ops.depend(self._logits(last), writes)
+            q, k, v = self._qkv_rows(i, x, cos, sin)
+            x = self._mlp_rows(i, self._attention_out_rows(i, x, self._causal_attention_rows(q, k, v, bias, p, s)))
+            # cache layout [rows, kv_heads, len, d], one KV head at a time (no transpose); the fork: cache row r
+            # continues prompt rows[r]; the tail beyond S is filled by decoding
+            k_heads, v_heads = (), ()
+            for h in range(self.kv_heads):
+                k_heads += (k[:, h].reshape((p, 1, s, d)),)
+                v_heads += (v[:, h].reshape((p, 1, s, d)),)
+            k_cache = ops.concat((ops.gather(ops.concat(k_heads, 1), rows, 0), tail), 2)
+            v_cache = ops.concat((ops.gather(ops.concat(v_heads, 1), rows, 0), tail), 2)
+            writes += (ops.assign(self.kv_cache[2 * i], k_cache), ops.assign(self.kv_cache[2 * i + 1], v_cache))
+        last = x.reshape((p, s, self.hidden))[:, s - 1]  # each prompt's last token
+        return ops.depend(self._logits_rows(last), writes)
 
 
 class DecodeGraph(Qwen2Blocks):
