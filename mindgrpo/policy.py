@@ -216,10 +216,9 @@ class Policy:
         return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
 
     def precompile(self, data) -> None:
-        """Compile the shape-dependent graphs for a batch shaped like ``data`` (a ``Rollouts`` of dummy tokens):
-        a rollout of its prompts, the reference (and old) log-probs and one accumulated micro-batch, whose
-        gradients are then dropped. Weights and optimizer state are untouched."""
-        self.generate(list(data.prompt_ids), seed=0)
+        """Compile the training graphs for a batch shaped like ``data`` (a ``Rollouts`` of dummy tokens): the
+        reference (and old) log-probs and one accumulated micro-batch, whose gradients are then dropped. Weights
+        and optimizer state are untouched."""
         if self._ref_logprobs is not None:
             self.reference_logprobs(data)
         if self.config.rl_config.num_iterations > 1:

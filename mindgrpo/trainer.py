@@ -40,7 +40,11 @@ class Rollouts:
     prompt_lengths: np.ndarray   # int32 [N]: real prompt tokens of each completion's prompt
 
 
-PROMPT_BUCKET = 64  # prompt widths are multiples of this (the native rollout engine buckets the same way)
+# Prompt widths of the training graphs are multiples of this. Coarser than the rollout engine's 64 on purpose:
+# every width is one more compiled reference and training graph, each holding its own activation memory, while
+# the padding it adds is prompt tokens counted once per group (the shared-prompt forward).
+PROMPT_BUCKET = 128
+ROLLOUT_PROMPT_BUCKET = 64  # the native rollout engine's prompt-length buckets
 
 
 def bucket(length: int, multiple: int, cap: int) -> int:
@@ -106,18 +110,20 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def precompile(self) -> None:
-        """Compile, before training, the graphs of every prompt-width bucket a step can meet, so no step after it
-        compiles (the rollout engine's prefill/decode, reference and old log-probs, the update). Optional: without
-        it each bucket compiles the first time a batch needs it."""
+        """Compile, before training, the graphs of every prompt width a step can meet, so no step after it
+        compiles: the rollout engine's prefill/decode per rollout bucket, and the reference (and old) log-probs and
+        the update per training bucket. Optional: without it each shape compiles the first time a batch needs it.
+        Largest shapes first, so the memory pool grows once and smaller graphs reuse it."""
         rl = self.config.rl_config
-        widths = sorted({self.prompt_bucket(n) for n in range(1, rl.max_prompt_length + 1)})
         g, t = rl.num_generations, self.config.generate_config.sampling_config.max_tokens
-        for width in widths:
-            # distinct prompts (the engine computes each distinct prompt once, so its batch shape depends on it)
-            prompts = np.arange(1, rl.batch_size + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
-            self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((rl.batch_size * g, t), np.int32),
-                                            np.ones((rl.batch_size * g, t), np.int32),
-                                            np.full(rl.batch_size * g, width, np.int32)))
+        lengths = range(rl.max_prompt_length, 0, -1)
+        for width in sorted({bucket(n, ROLLOUT_PROMPT_BUCKET, rl.max_prompt_length) for n in lengths}, reverse=True):
+            self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
+        for width in sorted({self.prompt_bucket(n) for n in lengths}, reverse=True):
+            prompts = _distinct_prompts(rl.batch_size, width)
+            n = rl.batch_size * g
+            self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((n, t), np.int32),
+                                            np.ones((n, t), np.int32), np.full(n, width, np.int32)))
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
@@ -292,6 +298,12 @@ class GRPOTrainer:
         self.step, self.skipped_in_a_row = int(state["step"]), int(state["skipped_in_a_row"])
         if self.dist.is_main:
             print(f"[mindgrpo] resumed from {path} at step {self.step}", flush=True)
+
+
+def _distinct_prompts(count: int, width: int) -> np.ndarray:
+    """``count`` different dummy prompts of ``width`` tokens (the rollout engine computes each distinct prompt once,
+    so its graph shapes depend on how many there are)."""
+    return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
 
 
 def short_name(verifier: str) -> str:
