@@ -317,7 +317,7 @@ def _model_shape(config) -> Optional[dict]:
 
 def check_layout(config, workers: int, device: str) -> Iterator[Check]:
     """The actor's layout, as the trainer checks it, and the reference/rollout layouts when they are set."""
-    from mindgrpo.config import ConfigError, check_parallel_layout
+    from mindgrpo.config import MODEL_PARALLEL_NOT_WIRED, ConfigError, check_parallel_layout
 
     shape = _model_shape(config)
     for group in ("actor_config", "ref_config", "generate_config"):
@@ -334,6 +334,11 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
             yield Check("FAIL", f"layout {group}", _one_line(str(err).split(":", 1)[1]),
                         f"set {group}.parallel_config so data_parallel x model_parallel x pipeline_stage = "
                         f"{workers} (msrun --worker_num), with model/pipeline parallel only on Ascend")
+            continue
+        if group == "actor_config" and (layout.model_parallel > 1 or layout.pipeline_stage > 1):
+            yield Check("FAIL", f"layout {group}", _one_line(MODEL_PARALLEL_NOT_WIRED),
+                        f"set {group}.parallel_config.data_parallel = {workers}, model_parallel = 1, "
+                        "pipeline_stage = 1, and a model that fits one NPU")
             continue
         yield Check("ok", f"layout {group}", f"dp {layout.data_parallel} x mp {layout.model_parallel} x pp "
                     f"{layout.pipeline_stage} = {workers} worker(s) on {device}"

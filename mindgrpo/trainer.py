@@ -18,7 +18,7 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from mindgrpo import checkpoint as ckpt
-from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
+from mindgrpo.config import MODEL_PARALLEL_NOT_WIRED, GRPOConfig, check_parallel_layout, dump_yaml, validate
 from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.distributed import DistInfo, all_reduce_sum, init_distributed
 from mindgrpo.metrics import MetricsLogger, throughput_tps
@@ -40,10 +40,6 @@ class Rollouts:
     prompt_lengths: np.ndarray   # int32 [N]: real prompt tokens of each completion's prompt
 
 
-# Prompt widths of the training graphs are multiples of this. Coarser than the rollout engine's 64 on purpose:
-# every width is one more compiled reference and training graph, each holding its own activation memory, while
-# the padding it adds is prompt tokens counted once per group (the shared-prompt forward).
-PROMPT_BUCKET = 128
 ROLLOUT_PROMPT_BUCKET = 64  # the native rollout engine's prompt-length buckets
 
 
@@ -62,6 +58,9 @@ class GRPOTrainer:
 
         self.config = validate(config, check_paths=check_paths)
         rl = config.rl_config
+        layout = config.actor_config.parallel_config
+        if layout.model_parallel > 1 or layout.pipeline_stage > 1:
+            raise NotImplementedError(f"actor_config.parallel_config: {MODEL_PARALLEL_NOT_WIRED}")
         self.dist: DistInfo = init_distributed()
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
         if rl.device_target != "auto":
@@ -216,7 +215,8 @@ class GRPOTrainer:
 
     def prompt_bucket(self, length: int) -> int:
         """The padded prompt width for a batch whose longest prompt has ``length`` tokens."""
-        return bucket(length, PROMPT_BUCKET, self.config.rl_config.max_prompt_length)
+        rl = self.config.rl_config
+        return bucket(length, rl.prompt_bucket, rl.max_prompt_length)
 
     def _step_metrics(self, data: Rollouts, rewards, advantages, zero_std_groups: int, update: Dict[str, float],
                       timings: Dict[str, float]) -> Dict[str, float]:

@@ -212,3 +212,15 @@ np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(
     assert max(np.abs(r0[k] - initial[k]).max() for k in r0.files) > 1e-4  # they trained, in lockstep
     rows = read_metrics(tmp_path / "dp" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
+
+
+def test_model_parallel_layouts_are_refused_before_loading_anything():
+    """Tensor/pipeline parallelism is not wired in: the trainer says so instead of replicating the model."""
+    from mindgrpo.config import GRPOConfig
+    from mindgrpo.trainer import GRPOTrainer
+
+    config = GRPOConfig()
+    config.rl_config.share_prompt = False
+    config.actor_config.parallel_config.model_parallel = 4
+    with pytest.raises(NotImplementedError, match="docs/ascend.md"):
+        GRPOTrainer(config, check_paths=False)
