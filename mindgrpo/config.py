@@ -202,9 +202,9 @@ class RLConfig:
     """Longest prompt in tokens (prompts were padded or rejected to this by the data tool)."""
     prompt_bucket: int = 64
     """Prompt widths of the reference and training graphs are multiples of this (left padding). Each distinct
-    width is one more compiled pair of graphs holding its own activation memory (about 0.3 GB each for a
-    hidden-512, 8-layer model on CPU), so 128 trades some padding (about 15 % step time on the tiny benchmark) for
-    fewer graphs (about 30 % less peak memory on the small one)."""
+    width is one more compiled pair of graphs holding its own activation memory (about 0.3-0.4 GB each for a
+    hidden-512, 8-layer model on CPU), so 128 trades some padding for fewer graphs (tools/bench_grpo.py small:
+    6.1 GB instead of 6.6 GB peak, at a similar step time)."""
     seq_length: int = 1024
     """Longest prompt + completion in tokens; max_prompt_length + sampling max_tokens must fit."""
     beta: float = 0.04
