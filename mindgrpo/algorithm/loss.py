@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindgrpo.algorithm.kl import canonical_kl_estimator, kl_penalty
+from mindgrpo.algorithm.kl import canonical_kl_estimator, exact_exp, kl_penalty
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -103,7 +103,7 @@ def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, ad
     and ``batch_means`` [8] (mindgrpo.ops.batch_means); the last two carry no gradient.
     """
     adv = advantages.expand_dims(-1) if advantages.ndim == 1 else advantages
-    ratio = ops.exp(logp - old_logp)
+    ratio = exact_exp(logp - old_logp)
     low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
     pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
     clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
