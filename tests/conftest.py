@@ -10,6 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
 
 
+# The path fixtures are session-scoped so module- and session-scoped fixtures (built models, trained runs) can use
+# them directly.
 def shared_path(*parts: str) -> Path:
     """Path under ../shared, or skip the test cleanly when that folder (or file) is absent."""
     path = SHARED.joinpath(*parts)
@@ -18,22 +20,22 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
     return shared_path("fixtures")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
     return shared_path("fixtures", "tiny-qwen2.5")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def tiny_untied_model_dir() -> Path:
     return shared_path("fixtures", "tiny-qwen2.5-untied")
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
     return shared_path("data", "gsm8k")
 

@@ -56,14 +56,8 @@ class UnsharedLoss(nn.Cell):
 
 
 @pytest.fixture(scope="module")
-def actor(tiny_model_dir_module):
-    return build_model(tiny_model_dir_module, seq_length=64)
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir_module():
-    from conftest import shared_path
-    return shared_path("fixtures", "tiny-qwen2.5")
+def actor(tiny_model_dir):
+    return build_model(tiny_model_dir, seq_length=64)
 
 
 def test_logits_equal_the_unshared_forward(actor, ms_mode):

@@ -20,11 +20,6 @@ CONVERSATIONS = [
 
 
 @pytest.fixture(scope="module")
-def model_dir():  # module-scoped twin of conftest's tiny_model_dir: the expensive fixtures below share it
-    return shared_path("fixtures", "tiny-qwen2.5")
-
-
-@pytest.fixture(scope="module")
 def gsm8k_texts():
     gsm8k = shared_path("data", "gsm8k")
     rows = [json.loads(line) for split in ("train", "test")
@@ -35,16 +30,16 @@ def gsm8k_texts():
 
 
 @pytest.fixture(scope="module")
-def hf_tokenizer(model_dir):
+def hf_tokenizer(tiny_model_dir):
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(str(model_dir))
+    return transformers.AutoTokenizer.from_pretrained(str(tiny_model_dir))
 
 
 @pytest.fixture(scope="module", params=["tokenizer.json", "vocab+merges"])
-def ours(request, model_dir):
+def ours(request, tiny_model_dir):
     if request.param == "tokenizer.json":
-        return load_tokenizer(model_dir)
-    return load_tokenizer(model_dir / "vocab.json", model_dir / "merges.txt")
+        return load_tokenizer(tiny_model_dir)
+    return load_tokenizer(tiny_model_dir / "vocab.json", tiny_model_dir / "merges.txt")
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +125,13 @@ def test_added_tokens_decoder_from_config_is_honoured(tmp_path, tiny_model_dir):
         load_tokenizer(tmp_path)
 
 
-def test_generation_config_supplies_ids_when_tokenizer_config_has_none(tmp_path, model_dir):
+def test_generation_config_supplies_ids_when_tokenizer_config_has_none(tmp_path, tiny_model_dir):
     for name in ("vocab.json", "merges.txt"):
-        shutil.copy(model_dir / name, tmp_path / name)
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
     (tmp_path / "generation_config.json").write_text(json.dumps({"pad_token_id": 4094, "eos_token_id": [4093, 4095]}))
     tok = load_tokenizer(tmp_path)
     assert (tok.pad_token_id, tok.eos_token_id, tok.stop_token_ids) == (4094, 4093, (4093, 4095))
-    assert load_tokenizer(model_dir).stop_token_ids == (4095,)
+    assert load_tokenizer(tiny_model_dir).stop_token_ids == (4095,)
 
 
 def test_missing_files_are_named(tmp_path, tiny_model_dir):

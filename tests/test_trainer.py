@@ -18,33 +18,21 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def prompts(tmp_path_factory, gsm8k_dir_module, tiny_dir_module):
+def prompts(tmp_path_factory, gsm8k_dir, tiny_model_dir):
     """48 GSM8K test questions whose prompts (gsm8k_hash template) are 65..128 tokens long: one shape bucket, so
     the step graphs compile once."""
     from mindgrpo.data import convert_dataset, render_prompt
     from mindgrpo.tokenizer import load_tokenizer
 
     folder = tmp_path_factory.mktemp("prompts")
-    tokenizer = load_tokenizer(tiny_dir_module)
-    rows = [line for line in (gsm8k_dir_module / "test.jsonl").read_text(encoding="utf-8").splitlines()
+    tokenizer = load_tokenizer(tiny_model_dir)
+    rows = [line for line in (gsm8k_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()
             if 65 <= len(tokenizer.encode(render_prompt("gsm8k_hash", json.loads(line)["question"]))) <= 128][:48]
     (folder / "small.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     out = folder / "small.mindrecord"
     convert_dataset(folder / "small.jsonl", out, tokenizer, dataset_type="gsm8k",
                     prompt_template="gsm8k_hash", max_prompt_length=192, progress=False)
     return out
-
-
-@pytest.fixture(scope="module")
-def gsm8k_dir_module():
-    from conftest import shared_path
-    return shared_path("data", "gsm8k")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir_module():
-    from conftest import shared_path
-    return shared_path("fixtures", "tiny-qwen2.5")
 
 
 def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
@@ -79,12 +67,12 @@ def final_weights(run: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trained_run(tmp_path_factory, prompts, tiny_dir_module):
+def trained_run(tmp_path_factory, prompts, tiny_model_dir):
     """Two steps in one process; shared by the checks below (one compile for all of them)."""
     from mindgrpo.trainer import GRPOTrainer
 
     out = tmp_path_factory.mktemp("run")
-    trainer = GRPOTrainer(make_config(out, prompts, tiny_dir_module, max_steps=2, num_iterations=2))
+    trainer = GRPOTrainer(make_config(out, prompts, tiny_model_dir, max_steps=2, num_iterations=2))
     trainer.train()
     return out, trainer
 
@@ -122,11 +110,11 @@ def test_completions_and_checkpoint(trained_run):
         np.testing.assert_array_equal(saved[name], live[name])
 
 
-def test_weights_moved(trained_run, tiny_dir_module):
+def test_weights_moved(trained_run, tiny_model_dir):
     from mindgrpo.models import build_model, state_dict_hf
 
     _, trainer = trained_run
-    start = state_dict_hf(build_model(tiny_dir_module, role="reference"))
+    start = state_dict_hf(build_model(tiny_model_dir, role="reference"))
     now = state_dict_hf(trainer.policy.actor)
     assert max(np.abs(now[k] - start[k]).max() for k in now) > 1e-4
 
@@ -149,13 +137,13 @@ def _write_yaml(path: Path, cfg: GRPOConfig) -> Path:
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_exact(tmp_path, prompts, tiny_dir_module):
+def test_resume_after_sigkill_is_exact(tmp_path, prompts, tiny_model_dir):
     """4 steps straight == 2 steps, SIGKILL right after the step-2 save, then --resume_training to step 4."""
     straight = _write_yaml(tmp_path / "straight.yaml",
-                           make_config(tmp_path / "straight", prompts, tiny_dir_module, max_steps=4))
+                           make_config(tmp_path / "straight", prompts, tiny_model_dir, max_steps=4))
     _run_main(straight)
 
-    cfg = make_config(tmp_path / "killed", prompts, tiny_dir_module, max_steps=4)
+    cfg = make_config(tmp_path / "killed", prompts, tiny_model_dir, max_steps=4)
     killed = _write_yaml(tmp_path / "killed.yaml", cfg)
     proc = _run_main(killed, wait=False)
     saved = tmp_path / "killed" / "checkpoints" / "step_00000002" / "manifest.json"
@@ -182,8 +170,8 @@ def _free_port() -> int:
 
 
 @pytest.mark.slow
-def test_msrun_two_ranks_stay_identical(tmp_path, prompts, tiny_dir_module):
-    cfg = make_config(tmp_path / "dp", prompts, tiny_dir_module, max_steps=3, loss_type="dapo")
+def test_msrun_two_ranks_stay_identical(tmp_path, prompts, tiny_model_dir):
+    cfg = make_config(tmp_path / "dp", prompts, tiny_model_dir, max_steps=3, loss_type="dapo")
     cfg.actor_config.parallel_config.data_parallel = 2
     cfg_path = _write_yaml(tmp_path / "dp.yaml", cfg)
     script = tmp_path / "dump_ranks.py"
@@ -208,7 +196,7 @@ np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(
         np.testing.assert_array_equal(r0[name], r1[name], err_msg=name)
     from mindgrpo.models import build_model, state_dict_hf
 
-    initial = state_dict_hf(build_model(tiny_dir_module, role="reference"))
+    initial = state_dict_hf(build_model(tiny_model_dir, role="reference"))
     assert max(np.abs(r0[k] - initial[k]).max() for k in r0.files) > 1e-4  # they trained, in lockstep
     rows = read_metrics(tmp_path / "dp" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
