@@ -52,6 +52,11 @@ class ParallelConfig:
     use_seq_parallel: bool = False
     """Sequence parallelism for norms and dropouts (Ascend only)."""
 
+    @property
+    def shards_model(self) -> bool:
+        """Whether the layout splits the model itself (tensor or pipeline parallel), not only the data."""
+        return self.model_parallel > 1 or self.pipeline_stage > 1
+
 
 @dataclass
 class OptimizerConfig:
@@ -579,8 +584,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
                 problems.append(f"{key} = {size} is not a multiple of rl_config.num_generations = "
                                 f"{rl.num_generations}: rl_config.share_prompt needs whole groups per micro-batch "
                                 "(change the size, or set rl_config.share_prompt: false)")
-        layout = config.actor_config.parallel_config
-        if layout.model_parallel > 1 or layout.pipeline_stage > 1:
+        if config.actor_config.parallel_config.shards_model:
             problems.append("rl_config.share_prompt: true needs actor_config.parallel_config.model_parallel and "
                             "pipeline_stage of 1 (its forward has no sharding strategies): set "
                             "rl_config.share_prompt: false for this layout")

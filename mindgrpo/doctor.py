@@ -335,7 +335,7 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
                         f"set {group}.parallel_config so data_parallel x model_parallel x pipeline_stage = "
                         f"{workers} (msrun --worker_num), with model/pipeline parallel only on Ascend")
             continue
-        if group == "actor_config" and (layout.model_parallel > 1 or layout.pipeline_stage > 1):
+        if group == "actor_config" and layout.shards_model:
             yield Check("FAIL", f"layout {group}", _one_line(MODEL_PARALLEL_NOT_WIRED),
                         f"set {group}.parallel_config.data_parallel = {workers}, model_parallel = 1, "
                         "pipeline_stage = 1, and a model that fits one NPU")

@@ -34,11 +34,11 @@ import numpy as np
 from mindgrpo.checkpoint import MANIFEST, CheckpointError, CheckpointManager, atomic_open, save_json
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render_prompt
 from mindgrpo.rewards import accuracy_reward, extract_answer, extract_answer_text, normalize_math_answer
+from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_TEMPLATE = "gsm8k_hash"
 _TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
-_PROMPT_BUCKET = 64  # the engine's prompt-length buckets are multiples of 64: size its limit to the same grid
 
 
 class EvaluationError(ValueError):
@@ -426,7 +426,8 @@ def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: 
     from mindgrpo.rollout import build_rollout_engine
 
     model = build_model(weights_dir, role="inference", compute_dtype=compute_dtype)
-    max_prompt_length = -(-longest_prompt // _PROMPT_BUCKET) * _PROMPT_BUCKET
+    # the engine's prompt-length buckets: size its limit to the same grid
+    max_prompt_length = -(-longest_prompt // PROMPT_LENGTH_BUCKET) * PROMPT_LENGTH_BUCKET
     return build_rollout_engine("native", model, eos_token_id=tok.stop_token_ids, pad_token_id=tok.pad_token_id,
                                 max_prompt_length=max_prompt_length, max_batch_size=batch_size)
 

@@ -23,6 +23,7 @@ from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.distributed import DistInfo, all_reduce_sum, init_distributed
 from mindgrpo.metrics import MetricsLogger, throughput_tps
 from mindgrpo.rewards import RewardScorer
+from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
 from mindgrpo.tokenizer import load_tokenizer
 
 
@@ -37,10 +38,13 @@ class Rollouts:
     prompt_mask: np.ndarray      # int32 [B, P]: 1 on real prompt tokens
     completion_ids: np.ndarray   # int32 [N, T]: right-padded, N = B x num_generations
     completion_mask: np.ndarray  # int32 [N, T]
-    prompt_lengths: np.ndarray   # int32 [N]: real prompt tokens of each completion's prompt
 
+    @property
+    def prompt_lengths(self) -> np.ndarray:
+        """int32 [N]: real prompt tokens of each completion's prompt."""
+        per_prompt = self.prompt_mask.sum(1).astype(np.int32)
+        return np.repeat(per_prompt, len(self.completion_ids) // len(self.prompt_ids))
 
-ROLLOUT_PROMPT_BUCKET = 64  # the native rollout engine's prompt-length buckets
 
 
 def bucket(length: int, multiple: int, cap: int) -> int:
@@ -58,8 +62,7 @@ class GRPOTrainer:
 
         self.config = validate(config, check_paths=check_paths)
         rl = config.rl_config
-        layout = config.actor_config.parallel_config
-        if layout.model_parallel > 1 or layout.pipeline_stage > 1:
+        if config.actor_config.parallel_config.shards_model:
             raise NotImplementedError(f"actor_config.parallel_config: {MODEL_PARALLEL_NOT_WIRED}")
         self.dist: DistInfo = init_distributed()
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
@@ -116,13 +119,13 @@ class GRPOTrainer:
         rl = self.config.rl_config
         g, t = rl.num_generations, self.config.generate_config.sampling_config.max_tokens
         lengths = range(rl.max_prompt_length, 0, -1)
-        for width in sorted({bucket(n, ROLLOUT_PROMPT_BUCKET, rl.max_prompt_length) for n in lengths}, reverse=True):
+        for width in sorted({bucket(n, PROMPT_LENGTH_BUCKET, rl.max_prompt_length) for n in lengths}, reverse=True):
             self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
         for width in sorted({self.prompt_bucket(n) for n in lengths}, reverse=True):
             prompts = _distinct_prompts(rl.batch_size, width)
             n = rl.batch_size * g
             self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((n, t), np.int32),
-                                            np.ones((n, t), np.int32), np.full(n, width, np.int32)))
+                                            np.ones((n, t), np.int32)))
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
@@ -202,7 +205,6 @@ class GRPOTrainer:
 
     def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
         """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions."""
-        rl = self.config.rl_config
         width = self.prompt_bucket(int(batch.lengths.max()))
         prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
         prompt_mask = np.zeros((len(batch), width), np.int32)
@@ -210,8 +212,7 @@ class GRPOTrainer:
             prompt[i, width - len(ids):] = ids
             prompt_mask[i, width - len(ids):] = 1
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
-        return Rollouts(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32),
-                        np.repeat(batch.lengths.astype(np.int32), rl.num_generations))
+        return Rollouts(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32))
 
     def prompt_bucket(self, length: int) -> int:
         """The padded prompt width for a batch whose longest prompt has ``length`` tokens."""

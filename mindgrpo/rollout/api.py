@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
 FINISH_STOP = "stop"      # the sequence emitted an EOS or stop token (kept in the completion, mask 1)
 FINISH_LENGTH = "length"  # the sequence reached max_tokens without one
+# Prompt lengths are padded to multiples of this: the native engine's buckets, and the grid the trainer and the
+# evaluator size their prompt limits to (each distinct width is one more compiled graph).
+PROMPT_LENGTH_BUCKET = 64
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,25 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_prompt_length: int, voca
             raise ValueError(f"prompt {i} has token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}")
         checked.append(ids)
     return checked
+
+
+ChunkSampler = Callable[[List[List[int]], int], Tuple[List[List[int]], List[List[float]], List[str]]]
+
+
+def generate_in_chunks(rows: List[List[int]], max_batch_size: int, sample_chunk: ChunkSampler,
+                       params: "SamplingParams", pad_token_id: int) -> "RolloutResult":
+    """Sample ``rows`` (one prompt per sequence) in chunks of at most ``max_batch_size``:
+    ``sample_chunk(chunk_rows, start)`` returns per-row tokens, log-probs and finish reasons; one result is
+    assembled from all chunks."""
+    tokens: List[List[int]] = []
+    logprobs: List[List[float]] = []
+    reasons: List[str] = []
+    for start in range(0, len(rows), max_batch_size):
+        chunk_tokens, chunk_logprobs, chunk_reasons = sample_chunk(rows[start:start + max_batch_size], start)
+        tokens += chunk_tokens
+        logprobs += chunk_logprobs
+        reasons += chunk_reasons
+    return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens, pad_token_id)
 
 
 def assemble_result(rows: List[List[int]], reasons: List[str], row_logprobs: Optional[List[List[float]]],

@@ -29,7 +29,7 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
-                                  assemble_result, check_request, eos_tuple)
+                                  check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.rollout.native import graph_mode
 from mindgrpo.models.qwen2_blocks import find_causal_lm
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
@@ -129,19 +129,12 @@ class MindFormersRolloutEngine:
         needed = max(map(len, prompts)) + params.max_tokens
         self._ensure_model(-(-needed // _SEQ_STEP) * _SEQ_STEP)
         rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.n)]  # prompt-major
-        tokens: List[List[int]] = []
-        logprobs: List[List[float]] = []
-        reasons: List[str] = []
+        # the seed starts NumPy's global stream once; later chunks continue it
         with graph_mode():
-            for start in range(0, len(rows), self.max_batch_size):
-                # the seed starts NumPy's global stream once; later chunks continue it
-                seed = params.seed if start == 0 else None
-                chunk = self._generate_chunk(rows[start:start + self.max_batch_size], params, seed)
-                tokens += chunk[0]
-                logprobs += chunk[1]
-                reasons += chunk[2]
-        return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens,
-                               self.pad_token_id)
+            return generate_in_chunks(
+                rows, self.max_batch_size,
+                lambda chunk, start: self._generate_chunk(chunk, params, params.seed if start == 0 else None),
+                params, self.pad_token_id)
 
     def _ensure_model(self, seq_length: int) -> None:
         if self.model is not None and self.model.config.seq_length >= seq_length:

@@ -29,8 +29,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
-                                  assemble_result, check_prompts, check_request, eos_tuple)
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, PROMPT_LENGTH_BUCKET, EosIds, RolloutResult,
+                                  SamplingParams, check_prompts, check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.rollout.qwen2_graph import DecodeGraph, PrefillGraph, Qwen2Weights, new_kv_cache
 from mindgrpo.rollout.sampler import TokenSampler
 
@@ -104,7 +104,7 @@ class NativeRolloutEngine:
             pad_token_id: id used to pad completions (and left-pad prompts inside a bucket; masked, never seen).
             max_prompt_length: longest prompt accepted.
             max_batch_size: most sequences decoded together (``generate_config.infer_model_batch_size``).
-            prompt_length_buckets: increasing prompt-length buckets; default multiples of 64 up to
+            prompt_length_buckets: increasing prompt-length buckets; default multiples of PROMPT_LENGTH_BUCKET (64) up to
                 ``max_prompt_length``. Each (bucket, batch, max_tokens) combination compiles once.
             max_cached_buckets: buckets (compiled graphs + KV cache) kept alive, least recently used dropped.
         """
@@ -118,7 +118,8 @@ class NativeRolloutEngine:
         self.max_batch_size = int(max_batch_size)
         self.batch_buckets = _powers_of_two_upto(self.max_batch_size)
         if prompt_length_buckets is None:
-            prompt_length_buckets = [*range(64, self.max_prompt_length, 64), self.max_prompt_length]
+            step = PROMPT_LENGTH_BUCKET
+            prompt_length_buckets = [*range(step, self.max_prompt_length, step), self.max_prompt_length]
         self.prompt_length_buckets = tuple(sorted(int(b) for b in prompt_length_buckets))
         if self.prompt_length_buckets[-1] < self.max_prompt_length:
             raise ValueError(f"prompt_length_buckets {self.prompt_length_buckets} do not reach "
@@ -134,17 +135,10 @@ class NativeRolloutEngine:
         prompts = check_request(prompts, params, self.max_prompt_length, self.spec.vocab_size)
         rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.n)]  # prompt-major
         rng = np.random.default_rng(params.seed)  # one stream for all chunks: reproducible per seed
-        tokens: List[List[int]] = []
-        logprobs: List[List[float]] = []
-        reasons: List[str] = []
         with graph_mode():
-            for start in range(0, len(rows), self.max_batch_size):
-                chunk = self._sample_chunk(rows[start:start + self.max_batch_size], params, rng)
-                tokens += chunk[0]
-                logprobs += chunk[1]
-                reasons += chunk[2]
-        return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens,
-                               self.pad_token_id)
+            return generate_in_chunks(rows, self.max_batch_size,
+                                      lambda chunk, _start: self._sample_chunk(chunk, params, rng), params,
+                                      self.pad_token_id)
 
     def forced_logits(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
                       ) -> List[np.ndarray]:
