@@ -206,10 +206,11 @@ class RLConfig:
     max_prompt_length: int = 512
     """Longest prompt in tokens (prompts were padded or rejected to this by the data tool)."""
     prompt_bucket: int = 64
-    """Prompt widths of the reference and training graphs are multiples of this (left padding). Each distinct
-    width is one more compiled pair of graphs holding its own activation memory (about 0.3-0.4 GB each for a
-    hidden-512, 8-layer model on CPU), so 128 trades some padding for fewer graphs (tools/bench_grpo.py small:
-    6.1 GB instead of 6.6 GB peak, at a similar step time)."""
+    """Prompts are left-padded to a multiple of this, in the native rollout engine and in the reference and
+    training graphs. Each width a batch reaches is a few more compiled graphs, which keep memory for the life of the
+    process (on CPU about 0.1 GB per width for the tiny model, 0.3 GB for a hidden-512, 8-layer one); a wider
+    bucket means fewer widths but more padding, which every decode step and the prompt part of every forward pay
+    for. GRPOTrainer.precompile() compiles only the widths the run's batches reach."""
     seq_length: int = 1024
     """Longest prompt + completion in tokens; max_prompt_length + sampling max_tokens must fit."""
     beta: float = 0.04
@@ -248,6 +249,13 @@ class RLConfig:
     """Steps between completion dumps."""
     max_skipped_steps: int = 3
     """Consecutive steps with non-finite loss or gradients tolerated (weights are kept) before the run stops."""
+
+    @property
+    def prompt_widths(self) -> Tuple[int, ...]:
+        """Every padded prompt width a step can meet: multiples of ``prompt_bucket`` up to ``max_prompt_length``
+        (the native rollout engine's prompt-length buckets and the reference and training graphs' widths)."""
+        step, cap = self.prompt_bucket, self.max_prompt_length
+        return tuple(sorted({min(cap, width) for width in range(step, cap + step, step)}))
 
 
 @dataclass

@@ -591,15 +591,37 @@ class PromptDataset:
                              "resume with the same settings or start a fresh run")
         self._current = (seed, global_batch)
         while num_epochs is None or self._epoch < num_epochs:
-            order = (np.random.default_rng([seed, self._epoch]).permutation(len(self)) if shuffle
-                     else np.arange(len(self)))
-            start = self._position * global_batch + rank * batch_size
-            indices = order[start:start + batch_size]
+            indices = self._indices(self._epoch_order(seed, self._epoch, shuffle), self._position, batch_size, rank,
+                                    world_size)
             self._position += 1
             if self._position == steps:
                 self._epoch, self._position = self._epoch + 1, 0
             yield PromptBatch(indices, self.input_ids[indices], self.lengths[indices],
                               [self.golds[i] for i in indices], [self.questions[i] for i in indices])
+
+    def planned_longest_prompts(self, batch_size: int, num_batches: int, *, seed: int, rank: int = 0,
+                                world_size: int = 1, shuffle: bool = True) -> np.ndarray:
+        """The longest prompt of each of this rank's next ``num_batches`` batches from :meth:`batches`, without
+        moving the read position (the order is a function of the seed, so the trainer can compile exactly the
+        prompt widths the rest of the run will meet)."""
+        steps = self.steps_per_epoch(batch_size, world_size)
+        epoch, position, longest = self._epoch, self._position, []
+        order = self._epoch_order(seed, epoch, shuffle)
+        for _ in range(num_batches if steps else 0):
+            longest.append(int(self.lengths[self._indices(order, position, batch_size, rank, world_size)].max()))
+            position += 1
+            if position == steps:
+                epoch, position = epoch + 1, 0
+                order = self._epoch_order(seed, epoch, shuffle)
+        return np.array(longest, np.int32)
+
+    def _epoch_order(self, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+        return np.random.default_rng([seed, epoch]).permutation(len(self)) if shuffle else np.arange(len(self))
+
+    @staticmethod
+    def _indices(order: np.ndarray, position: int, batch_size: int, rank: int, world_size: int) -> np.ndarray:
+        start = position * batch_size * world_size + rank * batch_size
+        return order[start:start + batch_size]
 
     def state_dict(self) -> dict:
         """Where the next batch starts: the same on every rank, so rank 0 can save it for all."""

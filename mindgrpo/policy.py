@@ -128,24 +128,12 @@ class ApplyGradients(nn.Cell):
         super().__init__(auto_prefix=False)
         self.accumulators, self.optimizer = accumulators, optimizer
 
-    def construct(self, lr, bias_correction1, bias_correction2):
-        self.optimizer(tuple(self.accumulators), lr, bias_correction1, bias_correction2)
+    def construct(self, step_size, eps, decay):
+        """Scalars from :meth:`AdamW.hyper_tensors`."""
+        step_size = self.optimizer(tuple(self.accumulators), step_size, eps, decay)
         for i in range(len(self.accumulators)):
-            ops.assign(self.accumulators[i], ops.zeros_like(self.accumulators[i]))
-        return lr
-
-
-class ZeroGradients(nn.Cell):
-    """Drop the accumulated gradients (a skipped, non-finite update)."""
-
-    def __init__(self, accumulators: ParameterTuple):
-        super().__init__(auto_prefix=False)
-        self.accumulators = accumulators
-
-    def construct(self):
-        for i in range(len(self.accumulators)):
-            ops.assign(self.accumulators[i], ops.zeros_like(self.accumulators[i]))
-        return len(self.accumulators)
+            ops.assign(self.accumulators[i], ops.depend(ops.zeros_like(self.accumulators[i]), step_size))
+        return step_size
 
 
 class Policy:
@@ -179,7 +167,7 @@ class Policy:
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
         self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist.world_size)
         self._apply = ApplyGradients(accumulators, self.optimizer)
-        self._zero = ZeroGradients(accumulators)
+        self._accumulators = accumulators
         self._actor_logprobs = CompletionLogProbs(actor_forward, sampling.temperature)
         self._ref_logprobs = (CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
                               if self.reference is not None else None)
@@ -210,8 +198,7 @@ class Policy:
 
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for this policy so far (its per-Cell compile caches and the engine's)."""
-        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._zero, self._actor_logprobs,
-                 self._ref_logprobs)
+        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs)
         engine = getattr(self.engine, "compiled_graphs", lambda: 0)()
         return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
 
@@ -227,7 +214,13 @@ class Policy:
         per_token = Tensor(np.zeros((micro, data.completion_ids.shape[1]), np.float32))
         self._accumulate(*self._model_inputs(data, 0, micro), Tensor(data.completion_mask[:micro]),
                          Tensor(np.zeros(micro, np.float32)), per_token, per_token, Tensor(1.0, ms.float32))
-        self._zero()
+        self._drop_gradients()
+
+    def _drop_gradients(self) -> None:
+        """Zero the accumulated gradients (after precompiling, or for a skipped, non-finite update). Done from
+        the host: it is rare, and a compiled graph for it would keep its memory for the whole run."""
+        for accumulator in self._accumulators:
+            accumulator.set_data(Tensor(np.zeros(accumulator.shape, np.float32), accumulator.dtype))
 
     # ------------------------------------------------------------------------------------------------------------
     def reference_logprobs(self, data) -> np.ndarray:
@@ -289,7 +282,7 @@ class Policy:
             if np.isfinite(norm) and not all_reduce_sum(np.array([float(local_bad)]), self.dist)[0]:
                 self._apply(*self.optimizer.hyper_tensors(lr))
             else:
-                self._zero()
+                self._drop_gradients()
                 skipped += 1  # keep the last good weights; the trainer counts and eventually stops
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + value / (n // micro)
@@ -313,6 +306,8 @@ def rollout_options(config: GRPOConfig) -> dict:
                 "tensor_parallel_size": gen.parallel_config.model_parallel,
                 "max_tokens": gen.sampling_config.max_tokens, "dtype": config.actor_config.compute_dtype,
                 "seed": config.rl_config.seed}
+    if gen.backend == "native":
+        return {"prompt_length_buckets": config.rl_config.prompt_widths}
     return {}
 
 

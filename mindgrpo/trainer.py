@@ -23,7 +23,6 @@ from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.distributed import DistInfo, all_reduce_sum, init_distributed
 from mindgrpo.metrics import MetricsLogger, throughput_tps
 from mindgrpo.rewards import RewardScorer
-from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
 from mindgrpo.tokenizer import load_tokenizer
 
 
@@ -112,16 +111,20 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def precompile(self) -> None:
-        """Compile, before training, the graphs of every prompt width a step can meet, so no step after it
-        compiles: the rollout engine's prefill/decode per rollout bucket, and the reference (and old) log-probs and
-        the update per training bucket. Optional: without it each shape compiles the first time a batch needs it.
-        Largest shapes first, so the memory pool grows once and smaller graphs reuse it."""
+        """Compile, before training, the graphs of every prompt width the remaining steps will meet, so no step
+        after it compiles: the rollout engine's prefill/decode and the reference (and old) log-probs and the update
+        per width. The batch order is fixed by the seed, so the widths are known in advance, and widths no batch
+        reaches are not compiled (each keeps memory for the life of the process). Optional: without it each width
+        compiles the first time a batch needs it. Largest first, so the memory pool grows once and smaller graphs
+        reuse it."""
         rl = self.config.rl_config
         g, t = rl.num_generations, self.config.generate_config.sampling_config.max_tokens
-        lengths = range(rl.max_prompt_length, 0, -1)
-        for width in sorted({bucket(n, PROMPT_LENGTH_BUCKET, rl.max_prompt_length) for n in lengths}, reverse=True):
+        longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
+                                                       rank=self.dist.rank, world_size=self.dist.world_size)
+        widths = sorted({self.prompt_bucket(int(n)) for n in longest}, reverse=True)
+        for width in widths:
             self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
-        for width in sorted({self.prompt_bucket(n) for n in lengths}, reverse=True):
+        for width in widths:
             prompts = _distinct_prompts(rl.batch_size, width)
             n = rl.batch_size * g
             self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((n, t), np.int32),

@@ -445,6 +445,23 @@ def test_state_dict_resumes_at_the_exact_next_batch(small_dataset_paths):
         PromptDataset(small_dataset_paths[24]).load_state_dict(state)
 
 
+def test_planned_longest_prompts_match_the_batches_and_leave_the_position(small_dataset_paths):
+    """The trainer compiles the prompt widths these predict, so they must be the batches' own (here across an
+    epoch boundary, on rank 1 of 2, and after a resume)."""
+    path = small_dataset_paths[23]
+    ds = PromptDataset(path)
+    stream = ds.batches(2, seed=5, rank=1, world_size=2)
+    next(stream), next(stream)
+    state = ds.state_dict()
+    planned = ds.planned_longest_prompts(2, 9, seed=5, rank=1, world_size=2)
+    assert ds.state_dict() == state
+    actual = [int(next(stream).lengths.max()) for _ in range(9)]
+    assert planned.tolist() == actual and len(set(actual)) > 1
+    resumed = PromptDataset(path)
+    resumed.load_state_dict(state)
+    assert resumed.planned_longest_prompts(2, 9, seed=5, rank=1, world_size=2).tolist() == actual
+
+
 def test_prompt_dataset_rejects_foreign_files(tmp_path):
     from mindspore.mindrecord import FileWriter
 

@@ -16,9 +16,9 @@ class _Step(nn.Cell):
         super().__init__()
         self.opt, self.max_norm = opt, max_norm
 
-    def construct(self, grads, lr, bc1, bc2):
+    def construct(self, grads, step_size, eps, decay):
         grads, norm = clip_by_global_norm(grads, self.max_norm)
-        self.opt(grads, lr, bc1, bc2)
+        self.opt(grads, step_size, eps, decay)
         return norm
 
 

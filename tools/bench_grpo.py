@@ -4,12 +4,14 @@
 Settings (those of ../shared/peer/trl_grpo_bench.py): 4 GSM8K train prompts x 8 completions per optimizer step,
 64 new tokens, the `gsm8k_hash` prompt (a ChatML user turn ending 'Let's think step by step and output the final
 answer after "####".'), temperature 1.0, beta 0.04, learning rate 1e-5, num_iterations 1, loss_type dapo (TRL's
-default), fp32, one micro-batch per step, reward 1 when the last `#### N` equals the gold answer. Models: the tiny
-fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate
-1408, the fixture's tokenizer), both randomly initialised Qwen2 as far as speed is concerned.
+default), fp32, reward 1 when the last `#### N` equals the gold answer. The optimizer step is TRL's (one per 32
+completions, loss normalised over all of them); mindgrpo computes it in two micro-batches of two groups
+(`--micro-batch 16`), which halves the training step's activation memory for a few percent of step time.
+Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers, 8 heads, 2 KV
+heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2 as far as speed is concerned.
 
-Each run is its own process (so peak RSS is its own). A mindgrpo run first compiles every graph a step can need
-(`GRPOTrainer.precompile`: every prompt-length bucket), then runs `--steps` steps; the first `--warmup` are
+Each run is its own process (so peak RSS is its own). A mindgrpo run first compiles every graph its steps will need
+(`GRPOTrainer.precompile`: every prompt width its batches reach), then runs `--steps` steps; the first `--warmup` are
 excluded and the rest give the median. It prints one JSON line per run:
 
     sec_per_step     median wall time of a counted step (rollout, scoring, reference, update, weight sync, logging)
@@ -48,11 +50,14 @@ from benchlib import FIXTURE, GSM8K_TRAIN, PEER, matmul_peak_gflops, peak_rss_mi
 
 TARGETS = {"tiny": 2.0, "small": 1.5}  # tokens/s of mindgrpo / TRL
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
-MAX_PROMPT_LENGTH = 256  # 4 prompt buckets (64..256), what the rollout engine keeps cached; 3 of 7,473 prompts are longer
+MAX_PROMPT_LENGTH = 256  # 3 of 7,473 prompts are longer
+MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the module docstring)
+PROMPT_BUCKET = 64
 
 
 # ----------------------------------------------------------------------------------------------- mindgrpo run
-def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool):
+def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
+                 micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET):
     """The peer's settings as a mindgrpo config."""
     from mindgrpo.config import GRPOConfig, validate
 
@@ -63,14 +68,14 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     rl.batch_size, rl.num_generations, rl.num_iterations = PROMPTS, GENERATIONS, 1
     rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + NEW_TOKENS
     rl.beta, rl.loss_type, rl.kl_estimator, rl.scale_rewards = 0.04, "dapo", "k3", "group"
-    rl.share_prompt = share_prompt
+    rl.share_prompt, rl.prompt_bucket = share_prompt, prompt_bucket
     rl.save_ckpt_interval, rl.save_prompt_completions_data = 0, False
     actor = config.actor_config
-    actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", PROMPTS * GENERATIONS
+    actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", micro_batch
     actor.optimizer.weight_decay, actor.optimizer.max_grad_norm = 0.0, 1.0  # TRL's AdamW defaults
     actor.lr_schedule.type, actor.lr_schedule.learning_rate = "linear", 1e-5  # TRL: linear decay from 1e-5
     actor.lr_schedule.warmup_steps = 0
-    config.ref_config.ref_model_batch_size = PROMPTS * GENERATIONS
+    config.ref_config.ref_model_batch_size = PROMPTS * GENERATIONS  # no backward: its activations fit the pool
     gen = config.generate_config
     gen.backend, gen.infer_model_batch_size = "native", PROMPTS * GENERATIONS
     s = gen.sampling_config
@@ -120,7 +125,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         ms.device_context.cpu.op_tuning.threads_num(args.threads)
     peak = matmul_peak_gflops()
     config = bench_config(model_dir, convert_gsm8k(work / "gsm8k_train.mindrecord"), work / f"run_{size}",
-                          args.steps, not args.no_share_prompt)
+                          args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -147,7 +152,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     gflops = peak["peak_gflops"]
     return {
         "framework": "mindgrpo", "size": size, "model": model_dir.name, "share_prompt": not args.no_share_prompt,
-        "loss_impl": config.rl_config.loss_impl, "steps": len(steps), "counted_steps": len(counted),
+        "loss_impl": config.rl_config.loss_impl, "micro_batch": args.micro_batch,
+        "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
         "batch": PROMPTS * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
         "sec_per_step": round(statistics.median(s["seconds"] for s in counted), 4),
         "tokens_per_sec": round(statistics.median(s["tokens"] / s["seconds"] for s in counted), 1),
@@ -188,6 +194,9 @@ def main() -> int:
     parser.add_argument("--vs-trl", metavar="PYTHON", help="interpreter of a venv with torch and trl (see the peer)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both frameworks")
     parser.add_argument("--no-share-prompt", action="store_true", help="score every completion's prompt again")
+    parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
+                        help="completions per training forward/backward (actor_config.micro_batch_size)")
+    parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
     parser.add_argument("--worker", choices=["tiny", "small"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -209,6 +218,7 @@ def main() -> int:
                         "--steps", str(args.steps), "--warmup", str(args.warmup)]
             ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
             ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
+            ours_cmd += ["--micro-batch", str(args.micro_batch), "--prompt-bucket", str(args.prompt_bucket)]
             peer_cmd = ([args.vs_trl, str(PEER), "--size", size, "--steps", str(args.steps), "--warmup",
                          str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
                         if args.vs_trl else None)
