@@ -2,6 +2,8 @@
 import subprocess
 import sys
 
+import pytest
+
 
 def test_import_is_quiet_and_writes_nothing_to_cwd(tmp_path, tiny_model_dir):
     code = ("import mindgrpo\nfrom mindgrpo.models import build_model\n"
@@ -17,3 +19,14 @@ def test_import_does_not_load_mindspore():
     code = "import sys, mindgrpo, mindgrpo.config, mindgrpo.rewards; print('mindspore' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
+
+
+def test_mindformers_is_imported_without_torch_and_torch_stays_usable():
+    """MindFormers' tensorboardX would import torch (about 210 MB of RSS) only to recognise torch tensors."""
+    pytest.importorskip("torch")
+    code = ("import sys, mindgrpo.models\nprint('torch' in sys.modules, 'mindformers' in sys.modules)\n"
+            "import torch, tensorboardX.writer\nfrom transformers.utils import is_torch_available\n"
+            "print(float(torch.ones(2).sum()), is_torch_available(), tensorboardX.writer.numpy_compatible.__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "True", "2.0", "True", "ndarray"], done.stdout
