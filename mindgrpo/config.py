@@ -26,6 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
+
 
 class ConfigError(ValueError):
     """A configuration problem, with the key and where it came from."""
@@ -205,7 +207,7 @@ class RLConfig:
     one, log-probs of the sampling policy are computed once and the ratio is clipped against them."""
     max_prompt_length: int = 512
     """Longest prompt in tokens (prompts were padded or rejected to this by the data tool)."""
-    prompt_bucket: int = 64
+    prompt_bucket: int = PROMPT_LENGTH_BUCKET
     """Prompts are left-padded to a multiple of this, in the native rollout engine and in the reference and
     training graphs. Each width a batch reaches is a few more compiled graphs, which keep memory for the life of the
     process (on CPU about 0.1 GB per width for the tiny model, 0.3 GB for a hidden-512, 8-layer one); a wider
@@ -256,6 +258,12 @@ class RLConfig:
         (the native rollout engine's prompt-length buckets and the reference and training graphs' widths)."""
         step, cap = self.prompt_bucket, self.max_prompt_length
         return tuple(sorted({min(cap, width) for width in range(step, cap + step, step)}))
+
+    def prompt_width(self, length: int) -> int:
+        """The padded width of a batch whose longest prompt has ``length`` tokens: the smallest of
+        :attr:`prompt_widths` that holds it (few distinct shapes: GRAPH mode compiles each once)."""
+        widths = self.prompt_widths
+        return next((width for width in widths if width >= length), widths[-1])
 
 
 @dataclass

@@ -6,6 +6,7 @@ token ids -> a MindRecord written by `convert_dataset` (MindRLHF style: ids righ
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -574,7 +575,7 @@ class PromptDataset:
     def batches(self, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, shuffle: bool = True,
                 num_epochs: Optional[int] = None) -> Iterator[PromptBatch]:
         """This rank's batches from the current (epoch, position) on, for `num_epochs` epochs in total (None:
-        forever). Step s of an epoch gives rank r the prompts perm[s*B*W + r*B : s*B*W + (r+1)*B]."""
+        forever), in the order of :meth:`_schedule`."""
         if batch_size < 1 or world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need batch_size >= 1 and 0 <= rank < world_size, got batch_size={batch_size}, "
                              f"rank={rank}, world_size={world_size}")
@@ -590,12 +591,10 @@ class PromptDataset:
                              f"{self._expected[1]}, but batches() got seed {seed} and global batch {global_batch}; "
                              "resume with the same settings or start a fresh run")
         self._current = (seed, global_batch)
-        while num_epochs is None or self._epoch < num_epochs:
-            indices = self._indices(self._epoch_order(seed, self._epoch, shuffle), self._position, batch_size, rank,
-                                    world_size)
-            self._position += 1
-            if self._position == steps:
-                self._epoch, self._position = self._epoch + 1, 0
+        for indices, epoch, position in self._schedule(batch_size, seed, rank, world_size, shuffle):
+            if num_epochs is not None and self._epoch >= num_epochs:
+                return
+            self._epoch, self._position = epoch, position  # before yielding: state_dict() names the next batch
             yield PromptBatch(indices, self.input_ids[indices], self.lengths[indices],
                               [self.golds[i] for i in indices], [self.questions[i] for i in indices])
 
@@ -604,24 +603,26 @@ class PromptDataset:
         """The longest prompt of each of this rank's next ``num_batches`` batches from :meth:`batches`, without
         moving the read position (the order is a function of the seed, so the trainer can compile exactly the
         prompt widths the rest of the run will meet)."""
+        schedule = self._schedule(batch_size, seed, rank, world_size, shuffle)
+        return np.array([int(self.lengths[indices].max()) for indices, _, _ in itertools.islice(schedule, num_batches)],
+                        np.int32)
+
+    def _schedule(self, batch_size: int, seed: int, rank: int, world_size: int, shuffle: bool
+                  ) -> Iterator[tuple[np.ndarray, int, int]]:
+        """This rank's batch indices from the current (epoch, position) on, each with the (epoch, position) of the
+        batch after it. Step s of an epoch gives rank r the prompts perm[s*B*W + r*B : s*B*W + (r+1)*B]; the
+        permutation depends on (seed, epoch) alone."""
         steps = self.steps_per_epoch(batch_size, world_size)
-        epoch, position, longest = self._epoch, self._position, []
-        order = self._epoch_order(seed, epoch, shuffle)
-        for _ in range(num_batches if steps else 0):
-            longest.append(int(self.lengths[self._indices(order, position, batch_size, rank, world_size)].max()))
+        epoch, position, order_epoch, order = self._epoch, self._position, None, None
+        while steps:
+            if order_epoch != epoch:
+                order_epoch = epoch
+                order = np.random.default_rng([seed, epoch]).permutation(len(self)) if shuffle else np.arange(len(self))
+            start = position * batch_size * world_size + rank * batch_size
             position += 1
             if position == steps:
                 epoch, position = epoch + 1, 0
-                order = self._epoch_order(seed, epoch, shuffle)
-        return np.array(longest, np.int32)
-
-    def _epoch_order(self, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-        return np.random.default_rng([seed, epoch]).permutation(len(self)) if shuffle else np.arange(len(self))
-
-    @staticmethod
-    def _indices(order: np.ndarray, position: int, batch_size: int, rank: int, world_size: int) -> np.ndarray:
-        start = position * batch_size * world_size + rank * batch_size
-        return order[start:start + batch_size]
+            yield order[start:start + batch_size], epoch, position
 
     def state_dict(self) -> dict:
         """Where the next batch starts: the same on every rank, so rank 0 can save it for all."""

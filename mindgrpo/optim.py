@@ -3,10 +3,11 @@
 The update is MindSpore's fused ``AdamWeightDecay`` kernel (CPU and Ascend), which updates the weight and both
 moments in place. Written with plain ops, every parameter's update made about ten weight-sized temporaries, and a
 compiled graph runs the independent per-parameter updates interleaved, so they were alive at once (the first step
-of a 25M-parameter model grew RSS by 1.14 GB; with the kernel, by 0.49 GB, most of it the clipping graph). The kernel has no bias correction, so it is folded into its scalar inputs
-(see :meth:`AdamW.hyper_tensors`); the result equals ``torch.optim.AdamW`` (``tests/test_optim.py``). The
-scalars are passed in as tensors each step, so changing the learning rate never recompiles, and the moments are
-named Parameters, so checkpoints save and restore them by name.
+of a 25M-parameter model grew RSS by 1.14 GB; with the kernel, by 0.49 GB, most of it the clipping graph). The
+kernel has no bias correction, so it is folded into its scalar inputs (see :meth:`AdamW.hyper_tensors`); the
+result equals ``torch.optim.AdamW`` (``tests/test_optim.py``). The scalars are passed in as tensors each step, so
+changing the learning rate never recompiles, and the moments are named Parameters, so checkpoints save and restore
+them by name.
 """
 from __future__ import annotations
 

@@ -45,12 +45,6 @@ class Rollouts:
         return np.repeat(per_prompt, len(self.completion_ids) // len(self.prompt_ids))
 
 
-
-def bucket(length: int, multiple: int, cap: int) -> int:
-    """Round up to a multiple so GRAPH mode sees few distinct shapes (each new shape compiles once)."""
-    return min(cap, max(multiple, -(-length // multiple) * multiple))
-
-
 class GRPOTrainer:
     """Trains a Qwen2.5 policy with GRPO from a :class:`~mindgrpo.config.GRPOConfig`."""
 
@@ -118,15 +112,14 @@ class GRPOTrainer:
         compiles the first time a batch needs it. Largest first, so the memory pool grows once and smaller graphs
         reuse it."""
         rl = self.config.rl_config
-        g, t = rl.num_generations, self.config.generate_config.sampling_config.max_tokens
+        n, t = rl.batch_size * rl.num_generations, self.config.generate_config.sampling_config.max_tokens
         longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
                                                        rank=self.dist.rank, world_size=self.dist.world_size)
-        widths = sorted({self.prompt_bucket(int(n)) for n in longest}, reverse=True)
+        widths = sorted({rl.prompt_width(int(n)) for n in longest}, reverse=True)
         for width in widths:
             self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
         for width in widths:
             prompts = _distinct_prompts(rl.batch_size, width)
-            n = rl.batch_size * g
             self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((n, t), np.int32),
                                             np.ones((n, t), np.int32)))
 
@@ -208,7 +201,7 @@ class GRPOTrainer:
 
     def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
         """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions."""
-        width = self.prompt_bucket(int(batch.lengths.max()))
+        width = self.config.rl_config.prompt_width(int(batch.lengths.max()))
         prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
         prompt_mask = np.zeros((len(batch), width), np.int32)
         for i, ids in enumerate(batch.prompt_ids):
@@ -216,11 +209,6 @@ class GRPOTrainer:
             prompt_mask[i, width - len(ids):] = 1
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
         return Rollouts(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32))
-
-    def prompt_bucket(self, length: int) -> int:
-        """The padded prompt width for a batch whose longest prompt has ``length`` tokens."""
-        rl = self.config.rl_config
-        return bucket(length, rl.prompt_bucket, rl.max_prompt_length)
 
     def _step_metrics(self, data: Rollouts, rewards, advantages, zero_std_groups: int, update: Dict[str, float],
                       timings: Dict[str, float]) -> Dict[str, float]:

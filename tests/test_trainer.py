@@ -212,3 +212,36 @@ def test_model_parallel_layouts_are_refused_before_loading_anything():
     config.actor_config.parallel_config.model_parallel = 4
     with pytest.raises(NotImplementedError, match="docs/ascend.md"):
         GRPOTrainer(config, check_paths=False)
+
+
+def test_precompile_leaves_the_weights_and_a_skipped_update_keeps_them(tmp_path, prompts, tiny_model_dir):
+    """precompile() runs a dummy micro-batch and drops its gradients; a non-finite update is skipped the same way.
+    Either must leave the weights, the optimizer and the accumulated gradients as they were, and after precompile
+    the run's steps compile nothing but the first update's gradient-norm and AdamW graphs."""
+    from mindgrpo.models import state_dict_hf
+    from mindgrpo.trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(make_config(tmp_path / "run", prompts, tiny_model_dir, max_steps=2))
+    policy = trainer.policy
+
+    def assert_unchanged(weights, optimizer_steps):
+        now = state_dict_hf(policy.actor)
+        assert all(np.array_equal(now[k], weights[k]) for k in weights)
+        assert all(not acc.asnumpy().any() for acc in policy._accumulators)
+        assert policy.optimizer.step_count == optimizer_steps
+
+    initial = state_dict_hf(policy.actor)
+    trainer.precompile()
+    assert_unchanged(initial, 0)
+    graphs = policy.compiled_graphs()
+    trainer.train_step()
+    assert policy.compiled_graphs() - graphs == 2
+
+    # Advantages this large overflow the gradients to inf (a NaN advantage would zero them in the clipped branch),
+    # so the skipped update has non-zero accumulated gradients to drop.
+    trained = state_dict_hf(policy.actor)
+    data = trainer.last_rollouts
+    huge = np.full(len(data.completion_ids), 3e38, np.float32)
+    metrics = policy.update(data, huge, None, np.zeros(data.completion_mask.shape, np.float32), total_steps=2)
+    assert metrics["skipped"] == 1.0
+    assert_unchanged(trained, 1)

@@ -1,5 +1,12 @@
-"""Qwen2.5 models: build from a Hugging Face folder, strict weight loading, export back, weight sync."""
-from mindgrpo.models.export import export_hf
+"""Qwen2.5 models: build from a Hugging Face folder, strict weight loading, export back, weight sync.
+
+Every MindFormers import in mindgrpo is in this package or reaches it through this package, so the import
+preparation (see :func:`mindgrpo._env.prepare_mindformers_import`) runs once, here, before any of them.
+"""
+from mindgrpo._env import prepare_mindformers_import
+
+prepare_mindformers_import()
+from mindgrpo.models.export import export_hf  # noqa: E402
 from mindgrpo.models.hf_config import (ModelConfigError, Qwen2Spec, qwen2_spec, read_generation_config,
                                        read_hf_config)
 from mindgrpo.models.qwen2 import ROLES, Qwen2CausalLM, build_model

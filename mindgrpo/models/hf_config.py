@@ -154,9 +154,6 @@ def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_l
     ``overrides`` passes engine settings (``use_past``, ``block_size``, ...) through; keys that define the
     architecture are refused, because they come from config.json.
     """
-    from mindgrpo._env import prepare_mindformers_import
-
-    prepare_mindformers_import()
     from mindformers.models.llama import LlamaConfig  # heavy import, only when a model is built
 
     check_dtype("compute_dtype", compute_dtype)

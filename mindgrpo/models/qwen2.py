@@ -15,11 +15,7 @@ from typing import Any, Mapping, Optional, Union
 from mindspore import Tensor, ops
 from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
-
-from mindgrpo._env import prepare_mindformers_import
-
-prepare_mindformers_import()
-from mindformers.models.llama import LlamaForCausalLM  # noqa: E402  (after the import preparation above)
+from mindformers.models.llama import LlamaForCausalLM  # after mindgrpo.models' import preparation
 
 from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
 from mindgrpo.models.weights import load_hf_weights

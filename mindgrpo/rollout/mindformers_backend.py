@@ -143,9 +143,6 @@ class MindFormersRolloutEngine:
             raise ValueError(f"the inference_model has seq_length={self.model.config.seq_length}, but this request "
                              f"needs {seq_length} (longest prompt + max_tokens, rounded up to {_SEQ_STEP}); build it "
                              "with a larger seq_length")
-        from mindgrpo._env import prepare_mindformers_import
-
-        prepare_mindformers_import()
         from mindformers.models.llama import LlamaForCausalLM
         from mindspore.nn.utils import no_init_parameters
 
