@@ -5,16 +5,9 @@ warnings on import (optional models it cannot load on CPU). A library must not l
 folder or bury their output, so we point its log folder at a per-user cache and keep only errors
 on the console. Users who want the full logs set ``MINDGRPO_VERBOSE=1`` (or their own ``GLOG_v`` /
 ``LOG_MF_PATH``, which we never override).
-
-MindFormers imports tensorboardX on import, whose writer does ``import torch`` only to recognise torch tensors.
-That costs about 210 MB of resident memory in every training process on a machine that also has torch (our test
-extras install it), for nothing: mindgrpo never hands tensorboardX a torch tensor. So tensorboardX is imported
-once with torch hidden (:func:`prepare_mindformers_import`); torch itself stays importable and nothing else
-sees it missing.
 """
 import logging
 import os
-import sys
 import tempfile
 
 _CONFIGURED = False
@@ -57,25 +50,3 @@ def configure() -> None:
         name = "mindformers" + os.path.expanduser(os.environ["LOG_MF_PATH"])
         logging.getLogger(name).addFilter(_OnlyErrors())
 
-
-def prepare_mindformers_import() -> None:
-    """Call before importing MindFormers: imports MindSpore, then tensorboardX's writer while ``import torch``
-    fails, then makes torch importable again.
-
-    MindSpore goes first because its generated protobuf modules must be loaded before tensorboardX's. Only
-    tensorboardX's two torch probes (``writer`` and ``x2num``) run in the window; they fall back to numpy. Nothing
-    happens to a process that has already imported torch or tensorboardX (it keeps what it chose).
-    """
-    import mindspore  # noqa: F401
-
-    if "torch" in sys.modules or "tensorboardX" in sys.modules:
-        return
-    sys.modules["torch"] = None  # the import system's "known missing" marker: ``import torch`` raises ImportError
-    try:
-        import tensorboardX.writer  # noqa: F401
-        import tensorboardX.x2num  # noqa: F401
-    except ImportError:
-        pass  # tensorboardX not installed: MindFormers reports that itself
-    finally:
-        if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]

@@ -30,3 +30,45 @@ def test_mindformers_is_imported_without_torch_and_torch_stays_usable():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["False", "True", "2.0", "True", "ndarray"], done.stdout
+
+
+def test_packages_mindformers_loads_for_unused_features_are_deferred_until_used():
+    """nltk, datasets, jieba, rouge_chinese and boto3 (about 117 MB of RSS) load only when MindFormers uses them."""
+    from mindgrpo._lean_import import DEFERRED_PACKAGES
+    code = ("import sys, mindgrpo.models\nimport mindformers.core.metric.metric as metric\n"
+            "import mindformers.dataset.dataloader.hf_dataloader as loader\n"
+            f"print(sorted(p for p in {DEFERRED_PACKAGES!r} if p in sys.modules))\n"
+            "print(metric.sentence_bleu([list('abcd')], list('abcd')))\n"
+            "import datasets, datasets.distributed, nltk\n"
+            "print(loader.datasets.Dataset is datasets.Dataset, nltk.translate.bleu_score.__name__)\n"
+            "print(loader.split_dataset_by_node.__code__ is datasets.distributed.split_dataset_by_node.__code__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["[]", "1.0", "True nltk.translate.bleu_score", "True"], done.stdout
+
+
+def test_deferred_package_imports_on_first_use_and_is_real_afterwards(tmp_path, monkeypatch):
+    from mindgrpo._lean_import import _DeferredAttribute, _DeferredModule, _deferring
+    package = tmp_path / "heavy_fake_pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text(
+        "import sys\nsys.heavy_fake_pkg_loads = getattr(sys, 'heavy_fake_pkg_loads', 0) + 1\nVALUE = 7\n")
+    (package / "sub" / "__init__.py").write_text("def double(x):\n    return 2 * x\n")
+    (tmp_path / "user_of_heavy.py").write_text("import heavy_fake_pkg\nfrom heavy_fake_pkg.sub import double\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delattr(sys, "heavy_fake_pkg_loads", raising=False)
+    with _deferring(["heavy_fake_pkg", "not_installed_pkg"]):
+        import user_of_heavy
+        assert not hasattr(sys, "heavy_fake_pkg_loads")
+        with pytest.raises(ImportError):  # a missing package is not hidden behind a stand-in
+            import not_installed_pkg  # noqa: F401
+    assert isinstance(user_of_heavy.heavy_fake_pkg, _DeferredModule)
+    assert isinstance(user_of_heavy.double, _DeferredAttribute)
+    assert "heavy_fake_pkg" not in sys.modules
+    assert user_of_heavy.double(21) == 42
+    assert user_of_heavy.heavy_fake_pkg.VALUE == 7
+    import heavy_fake_pkg
+    assert not isinstance(heavy_fake_pkg, _DeferredModule) and heavy_fake_pkg.VALUE == 7
+    assert sys.heavy_fake_pkg_loads == 1
+    for name in ("user_of_heavy", "heavy_fake_pkg", "heavy_fake_pkg.sub"):
+        sys.modules.pop(name, None)
