@@ -150,6 +150,10 @@ class GenerateConfig:
     (command line: --generate_checkpoint_path)."""
     infer_model_batch_size: int = 32
     """Sequences decoded together by the rollout engine."""
+    decode_impl: str = "fused"
+    """native only: ``fused`` (the decode step's attention with its KV-cache write, RMSNorm and SwiGLU as C++
+    kernels: a third of the kernel launches; CPU and float32, elsewhere the plain ops are used) or ``plain``
+    (MindSpore ops; the reference)."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     """Layout of the inference model (Ascend; may differ from the actor's: weights are resharded on sync)."""
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
@@ -539,6 +543,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "actor_config.optimizer.type": ("AdamW",),
     "actor_config.lr_schedule.type": ("constant", "cosine", "linear"),
     "generate_config.backend": ("native", "mindformers", "vllm"),
+    "generate_config.decode_impl": ("fused", "plain"),
 }
 _LR_ALIASES = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine", "ConstantWarmUpLR": "constant"}
 

@@ -307,7 +307,7 @@ def rollout_options(config: GRPOConfig) -> dict:
                 "max_tokens": gen.sampling_config.max_tokens, "dtype": config.actor_config.compute_dtype,
                 "seed": config.rl_config.seed}
     if gen.backend == "native":
-        return {"prompt_length_buckets": config.rl_config.prompt_widths}
+        return {"prompt_length_buckets": config.rl_config.prompt_widths, "decode_impl": gen.decode_impl}
     return {}
 
 

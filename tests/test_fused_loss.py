@@ -15,6 +15,7 @@ from mindspore import Tensor, nn, ops
 from mindgrpo.algorithm import KL_ESTIMATORS, LOSS_TYPES, METRICS, LossSettings, grpo_loss, token_logprobs
 from mindgrpo.algorithm.loss import _metrics, _reduce, plain_token_loss
 from mindgrpo.ops import KL_CODES, ROW_STATS, KernelBuildError, build, fused_token_loss, hyper_params
+from aot_kernel import AotKernel
 
 # Tolerances relative to the magnitude of what is summed (see magnitudes). The fused kernel is held to 1e-6 of the
 # exact (float64) result, and to 1e-6 of its plain-ops twin. The twin evaluates exp in float64
@@ -320,22 +321,6 @@ def test_missing_compiler_is_a_clear_error(scratch_build, monkeypatch):
 
 # ---------------------------------------------------------------------------------------------------------------
 # The C entry points, called directly
-
-class AotKernel:
-    """Calls one entry point of the AOT library with MindSpore's argument layout."""
-
-    def __init__(self, library: ctypes.CDLL, name: str):
-        self.fn = getattr(library, name)
-
-    def __call__(self, *arrays: np.ndarray, dtype: bytes = b"float32") -> int:
-        count = len(arrays)
-        shapes = [np.array(a.shape, np.int64) for a in arrays]  # kept alive for the call
-        return self.fn(count, (ctypes.c_void_p * count)(*[a.ctypes.data for a in arrays]),
-                       (ctypes.c_int * count)(*[a.ndim for a in arrays]),
-                       (ctypes.POINTER(ctypes.c_int64) * count)(
-                           *[s.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)) for s in shapes]),
-                       (ctypes.c_char_p * count)(*[dtype] * count), None, None)
-
 
 def kernel_args(batch, length, seed=0):
     a, cfg, _, _ = make_case(seed, batch, length, beta=0.1, bias=True)

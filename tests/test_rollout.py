@@ -67,14 +67,19 @@ def write_random_qwen2(folder, *, tied: bool, seed: int):
 
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
-    """variant -> (actor, native engine), built on first use and shared by the module's tests."""
+    """variant -> (actor, native engine), built on first use and shared by the module's tests. Variants: "untied",
+    "tied", and "untied-plain" (the untied actor's engine on the plain-ops decode graph)."""
     built = {}
 
     def get(variant):
         if variant not in built:
-            folder = write_random_qwen2(tmp_path_factory.mktemp(variant), tied=variant == "tied", seed=3)
-            actor = build_model(folder)
-            built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE))
+            if variant == "untied-plain":
+                actor = get("untied")[0]
+                built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE, decode_impl="plain"))
+            else:
+                folder = write_random_qwen2(tmp_path_factory.mktemp(variant), tied=variant == "tied", seed=3)
+                actor = build_model(folder)
+                built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE))
         return built[variant]
     return get
 
@@ -170,12 +175,30 @@ def test_tied_lm_head_logits_match_full_forward(random_models):
     check_logits_match_full_forward(*random_models("tied"))
 
 
+def test_plain_decode_graph_matches_full_forward_and_the_fused_kernels(random_models):
+    """The plain-ops decode graph (the fused kernels' reference twin, and the path on other devices and dtypes)
+    matches the full forward, and the fused engine's logits and greedy tokens match it to float32 rounding."""
+    actor, plain = random_models("untied-plain")
+    fused = random_models("untied")[1]
+    assert fused.fused_decode and not plain.fused_decode
+    check_logits_match_full_forward(actor, plain)
+    rng = np.random.default_rng(4)
+    rows = [p for p in PROMPTS for _ in range(2)]
+    continuations = [rng.integers(0, VOCAB, size=n).tolist() for n in (30, 2, 17, 11, 24, 5)]
+    for ours, twin in zip(fused.forced_logits(rows, continuations), plain.forced_logits(rows, continuations)):
+        np.testing.assert_allclose(ours, twin, rtol=0, atol=1e-5 * np.abs(twin).max())
+    params = SamplingParams(max_tokens=20, temperature=0, n=2)
+    assert np.array_equal(fused.generate(PROMPTS, params).completion_ids, plain.generate(PROMPTS, params).completion_ids)
+    assert type(fused.bucket_for(rows, 20).decode).__name__ == "FusedDecodeGraph"
+
+
 def test_float16_compute_with_float32_weights(tmp_path):
     """Mixed precision as on Ascend (float32 master weights, half-precision compute, cast inside the graph): logits
     match the actor's own float16 forward to float16 resolution (bfloat16 has no CPU kernels)."""
     actor = build_model(write_random_qwen2(tmp_path, tied=False, seed=3), compute_dtype="float16")
     engine = build_rollout_engine("native", actor, **ENGINE)
     assert engine.weights.param_dtype == ms.float32 and engine.weights.compute_dtype == ms.float16
+    assert not engine.fused_decode  # the fused kernels are float32: this engine decodes with the plain ops
     rows = [p for p in PROMPTS for _ in range(2)]
     continuation = [[1, 2, 3, 4, 5]] * len(rows)
     forced = engine.forced_logits(rows, continuation)

@@ -57,7 +57,7 @@ PROMPT_BUCKET = 64
 
 # ----------------------------------------------------------------------------------------------- mindgrpo run
 def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
-                 micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET):
+                 micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused"):
     """The peer's settings as a mindgrpo config."""
     from mindgrpo.config import GRPOConfig, validate
 
@@ -78,6 +78,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     config.ref_config.ref_model_batch_size = PROMPTS * GENERATIONS  # no backward: its activations fit the pool
     gen = config.generate_config
     gen.backend, gen.infer_model_batch_size = "native", PROMPTS * GENERATIONS
+    gen.decode_impl = decode_impl
     s = gen.sampling_config
     s.temperature, s.top_p, s.top_k, s.max_tokens = 1.0, 1.0, -1, NEW_TOKENS
     config.reward_config.verifier_function, config.reward_config.verifier_weight = ["accuracy_reward"], [1.0]
@@ -125,7 +126,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         ms.device_context.cpu.op_tuning.threads_num(args.threads)
     peak = matmul_peak_gflops()
     config = bench_config(model_dir, convert_gsm8k(work / "gsm8k_train.mindrecord"), work / f"run_{size}",
-                          args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket)
+                          args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
+                          args.decode_impl)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -152,7 +154,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     gflops = peak["peak_gflops"]
     return {
         "framework": "mindgrpo", "size": size, "model": model_dir.name, "share_prompt": not args.no_share_prompt,
-        "loss_impl": config.rl_config.loss_impl, "micro_batch": args.micro_batch,
+        "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl,
+        "micro_batch": args.micro_batch,
         "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
         "batch": PROMPTS * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
         "sec_per_step": round(statistics.median(s["seconds"] for s in counted), 4),
@@ -197,6 +200,8 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
                         help="completions per training forward/backward (actor_config.micro_batch_size)")
     parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
+    parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
+                        help="generate_config.decode_impl (the rollout's decode-step kernels)")
     parser.add_argument("--worker", choices=["tiny", "small"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
@@ -218,7 +223,8 @@ def main() -> int:
                         "--steps", str(args.steps), "--warmup", str(args.warmup)]
             ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
             ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
-            ours_cmd += ["--micro-batch", str(args.micro_batch), "--prompt-bucket", str(args.prompt_bucket)]
+            ours_cmd += ["--micro-batch", str(args.micro_batch), "--prompt-bucket", str(args.prompt_bucket),
+                         "--decode-impl", args.decode_impl]
             peer_cmd = ([args.vs_trl, str(PEER), "--size", size, "--steps", str(args.steps), "--warmup",
                          str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
                         if args.vs_trl else None)

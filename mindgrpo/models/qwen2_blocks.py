@@ -222,10 +222,11 @@ class Qwen2Blocks(nn.Cell):
         gate = ops.matmul(self._w(layer, self.f_w1), x)
         return hT + ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x))
 
-    def _logits(self, hT):
-        """float32 logits [rows, vocab] of feature-major final hidden states hT [hidden, rows]."""
+    def _logits_t(self, hT):
+        """float32 logits, feature-major [vocab, rows], of feature-major final hidden states hT [hidden, rows]. (The
+        caller transposes on the host: on CPU MindSpore's Transpose of [vocab, rows] costs as much as the product.)"""
         x = self._rms_norm_t(hT, self._param(1))
-        return self._f32(ops.matmul(self._param(2), x).T)
+        return self._f32(ops.matmul(self._param(2), x))
 
     def _attend(self, q, k, v, bias):
         """Grouped attention: q [b, kv_heads, groups*s, d], k/v [b, kv_heads, t, d], bias broadcast to scores."""

@@ -1,8 +1,9 @@
-"""Compile the fused-loss CPU kernel once and cache the shared library.
+"""Compile the C++ CPU kernels once each and cache their shared libraries.
 
-The library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a hash of the kernel source,
-the compiler's identity and the exact command line, so an edited source, another compiler or other flags give a new
-file and a stale library is never loaded. ``build.sh`` runs this ahead of time (``python -m mindgrpo.ops``);
+Two libraries: the fused GRPO loss (``grpo_token_loss_cpu.cc``) and the native rollout's decode step
+(``decode_step_cpu.cc``). A library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a
+hash of its source, the shared headers next to it, the compiler's identity and the exact command line, so an edited
+source, another compiler or other flags give a new file and a stale library is never loaded. ``build.sh`` runs this ahead of time (``python -m mindgrpo.ops``);
 otherwise the first use compiles it (a few seconds with g++ 12). The compiler writes to a temporary file in the
 cache folder that is then renamed, so concurrent processes never see half a library.
 
@@ -28,6 +29,7 @@ from mindgrpo import _env
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CPU_SOURCE = KERNEL_DIR / "grpo_token_loss_cpu.cc"
+DECODE_STEP_SOURCE = KERNEL_DIR / "decode_step_cpu.cc"
 ASCEND_SOURCE_DIR = KERNEL_DIR / "ascend"
 # -O3 vectorises the per-token loops (the exp is written to vectorise); OpenMP splits rows over at most as many
 # threads as the kernel asks for (it stays single-threaded below ~32k tokens per thread).
@@ -35,17 +37,24 @@ CXXFLAGS = ("-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fop
 COMPILE_TIMEOUT_S = 300
 
 
+def _without(source: Path) -> str:
+    """How to run without the kernel built from ``source``, for the error when it cannot be built."""
+    if source.name == DECODE_STEP_SOURCE.name:
+        return "Set generate_config.decode_impl: plain to run without it."
+    return "Use LossSettings(impl='plain') (rl_config.loss_impl: plain) to run without it."
+
+
 class KernelBuildError(RuntimeError):
     """The C++ kernel could not be compiled; the message holds the exact command and the compiler's output."""
 
 
-def _compiler() -> str:
+def _compiler(source: Path) -> str:
     cxx = os.environ.get("CXX", "g++")
     path = shutil.which(cxx)
     if path is None:
         raise KernelBuildError(
-            f"C++ compiler {cxx!r} not found (set CXX, or install g++); the fused GRPO loss needs it once to build "
-            f"{CPU_SOURCE.name}. Use LossSettings(impl='plain') to run without it.")
+            f"C++ compiler {cxx!r} not found (set CXX, or install g++); it is needed once to build {source.name}. "
+            f"{_without(source)}")
     return path
 
 
@@ -58,37 +67,43 @@ def _compiler_identity(cxx: str) -> str:
     return out.splitlines()[0] if out else cxx
 
 
-def _command(cxx: str, output: Path) -> list[str]:
-    return [cxx, *CXXFLAGS, str(CPU_SOURCE), "-o", str(output)]
+def _command(cxx: str, source: Path, output: Path) -> list[str]:
+    return [cxx, *CXXFLAGS, str(source), "-o", str(output)]
 
 
-def cpu_library_path() -> Path:
-    """Where the library for the current source, compiler and flags lives (it may not exist yet)."""
-    cxx = _compiler()
+def cpu_library_path(source: Path | None = None) -> Path:
+    """Where the library for ``source`` (default: the fused loss), its headers, the compiler and flags lives (it may
+    not exist yet)."""
+    source = Path(source or CPU_SOURCE)
+    cxx = _compiler(source)
     digest = hashlib.sha256()
-    digest.update(CPU_SOURCE.read_bytes())
+    digest.update(source.read_bytes())
+    for header in sorted(source.parent.glob("*.h")):
+        digest.update(header.name.encode() + header.read_bytes())
     # The output path is left out of the key: it depends on the key.
-    digest.update(shlex.join(_command(cxx, Path("OUT"))).encode())
+    digest.update(shlex.join(_command(cxx, source, Path("OUT"))).encode())
     digest.update(_compiler_identity(cxx).encode())
     digest.update(platform.machine().encode())
-    return Path(_env.cache_dir()) / "kernels" / f"{CPU_SOURCE.stem}-{digest.hexdigest()[:16]}.so"
+    return Path(_env.cache_dir()) / "kernels" / f"{source.stem}-{digest.hexdigest()[:16]}.so"
 
 
-def build_cpu_kernel(force: bool = False) -> Path:
-    """Compile the CPU kernel if its cached library is missing (or ``force``); return the library path."""
-    target = cpu_library_path()
+def build_cpu_kernel(source: Path | None = None, force: bool = False) -> Path:
+    """Compile ``source`` (default: the fused loss) if its cached library is missing (or ``force``); return the
+    library path."""
+    source = Path(source or CPU_SOURCE)
+    target = cpu_library_path(source)
     if target.exists() and not force:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".so.tmp", dir=target.parent)
     os.close(fd)
     tmp = Path(tmp_name)
-    cmd = _command(_compiler(), tmp)
+    cmd = _command(_compiler(source), source, tmp)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S, check=False)
         if proc.returncode != 0:
             raise KernelBuildError(
-                f"compiling the fused GRPO loss kernel failed (exit {proc.returncode}).\n"
+                f"compiling {source.name} failed (exit {proc.returncode}).\n"
                 f"command: {shlex.join(cmd)}\nstderr:\n{proc.stderr.strip() or '(empty)'}")
         os.chmod(tmp, 0o755)  # mkstemp makes it private; a shared MINDGRPO_CACHE must be loadable by others
         os.replace(tmp, target)
@@ -132,7 +147,7 @@ def build_ascend_package(cann_path: str | None, install_path: str | None) -> Non
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m mindgrpo.ops", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--force", action="store_true", help="recompile even when the cached library is current")
+    parser.add_argument("--force", action="store_true", help="recompile even when the cached libraries are current")
     parser.add_argument("--ascend", action="store_true",
                         help="build and install the Ascend C operators instead (needs CANN; Ascend hosts only)")
     parser.add_argument("--cann-path", help="CANN toolkit folder (default: $ASCEND_HOME_PATH)")
@@ -144,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             build_ascend_package(args.cann_path, args.install_path)
             print("installed the mindgrpo Ascend C operators (vendor 'mindgrpo')")
         else:
-            print(build_cpu_kernel(force=args.force))
+            for source in (CPU_SOURCE, DECODE_STEP_SOURCE):
+                print(build_cpu_kernel(source, force=args.force))
     except KernelBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -15,7 +15,9 @@ computation. The graphs run in GRAPH mode even when the process is in PyNative m
 ``@jit`` graph in PyNative mode keeps the tensor a Parameter had when it was compiled, so a later ``set_data``
 (checkpoint load, ``mindgrpo.models.sync_weights``) never reaches it, while a GRAPH-mode Cell reads the live
 Parameter after ``set_data`` and after in-place optimizer updates alike. Sampling runs on the host
-(:mod:`mindgrpo.rollout.sampler`).
+(:mod:`mindgrpo.rollout.sampler`). On CPU with a float32 model the decode step runs on fused C++ kernels
+(``decode_impl="fused"``, :class:`~mindgrpo.rollout.qwen2_graph.FusedDecodeGraph`): decoding a few rows at a time is
+bound by kernel launches, not arithmetic.
 """
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ from mindspore import Tensor, nn
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, PROMPT_LENGTH_BUCKET, EosIds, RolloutResult,
                                   SamplingParams, check_prompts, check_request, eos_tuple, generate_in_chunks)
-from mindgrpo.rollout.qwen2_graph import DecodeGraph, PrefillGraph, Qwen2Weights, new_kv_cache
+from mindgrpo.ops.decode_step import fused_decode_available
+from mindgrpo.rollout.qwen2_graph import DecodeGraph, FusedDecodeGraph, PrefillGraph, Qwen2Weights, new_kv_cache
 from mindgrpo.rollout.sampler import TokenSampler
 
 _MAX_TOKENS_STEP = 32
@@ -79,11 +82,11 @@ class BucketKey:
 class _Bucket:
     """The two compiled graphs of one shape bucket and the KV cache they share."""
 
-    def __init__(self, weights: Qwen2Weights, key: BucketKey, tag: str):
+    def __init__(self, weights: Qwen2Weights, key: BucketKey, tag: str, fused_decode: bool):
         self.key = key
         self.kv_cache = new_kv_cache(weights, key.batch, key.cache_len, tag)
         self.prefill = PrefillGraph(weights, key.cache_len, self.kv_cache)
-        self.decode = DecodeGraph(weights, key.cache_len, self.kv_cache)
+        self.decode = (FusedDecodeGraph if fused_decode else DecodeGraph)(weights, key.cache_len, self.kv_cache)
         self.graphs = (self.prefill, self.decode)
 
     def compiled_graphs(self) -> int:
@@ -96,7 +99,7 @@ class NativeRolloutEngine:
 
     def __init__(self, actor: nn.Cell, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
                  max_batch_size: int = 32, prompt_length_buckets: Optional[Sequence[int]] = None,
-                 max_cached_buckets: int = 4):
+                 max_cached_buckets: int = 4, decode_impl: str = "fused"):
         """
         Args:
             actor: the policy (MindFormers ``LlamaForCausalLM`` configured as Qwen2, or a Cell holding one).
@@ -107,6 +110,9 @@ class NativeRolloutEngine:
             prompt_length_buckets: increasing prompt-length buckets; default multiples of PROMPT_LENGTH_BUCKET (64) up to
                 ``max_prompt_length``. Each (bucket, batch, max_tokens) combination compiles once.
             max_cached_buckets: buckets (compiled graphs + KV cache) kept alive, least recently used dropped.
+            decode_impl: ``fused`` decodes with fused C++ kernels (attention with the cache write, RMSNorm,
+                SwiGLU; :mod:`mindgrpo.ops.decode_step`) when the device is CPU and the model float32, with the
+                plain ops otherwise; ``plain`` always uses the plain ops.
         """
         if max_batch_size < 1 or max_prompt_length < 1 or max_cached_buckets < 1:
             raise ValueError("max_batch_size, max_prompt_length and max_cached_buckets must be >= 1")
@@ -125,6 +131,11 @@ class NativeRolloutEngine:
             raise ValueError(f"prompt_length_buckets {self.prompt_length_buckets} do not reach "
                              f"max_prompt_length={self.max_prompt_length}")
         self.max_cached_buckets = int(max_cached_buckets)
+        if decode_impl not in ("fused", "plain"):
+            raise ValueError(f"decode_impl must be 'fused' or 'plain', got {decode_impl!r}")
+        self.fused_decode = decode_impl == "fused" and fused_decode_available(
+            ms.get_context("device_target"), self.weights.compute_dtype, self.weights.param_dtype)
+        """Whether decoding uses the fused kernels (see ``decode_impl``)."""
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0
         self.buckets_built: List[BucketKey] = []
@@ -217,7 +228,7 @@ class NativeRolloutEngine:
             while len(self._buckets) >= self.max_cached_buckets:
                 _, old = self._buckets.popitem(last=False)
                 self._evicted_graphs += old.compiled_graphs()
-            bucket = _Bucket(self.weights, key, f"{id(self):x}.{len(self.buckets_built)}")
+            bucket = _Bucket(self.weights, key, f"{id(self):x}.{len(self.buckets_built)}", self.fused_decode)
             self._buckets[key] = bucket
             self.buckets_built.append(key)
         self._buckets.move_to_end(key)
@@ -260,6 +271,6 @@ class _ChunkDecoder:
         self.feed[:self.rows] = tokens
         self.positions[:self.rows] = self.lengths + self.step
         write_pos = Tensor(self.bucket.key.prompt_len + self.step, ms.int32)
-        self.logits = self.bucket.decode(Tensor(self.feed), Tensor(self.positions), Tensor(self.first_key),
-                                         write_pos).asnumpy()[:self.rows]
+        logits_t = self.bucket.decode(Tensor(self.feed), Tensor(self.positions), Tensor(self.first_key), write_pos)
+        self.logits = logits_t.asnumpy().T[:self.rows]  # a view: the sampler's copy does the transpose
         self.step += 1

@@ -8,8 +8,11 @@ to the next rollout without any synchronisation. Two graphs per shape bucket rea
   values into the cache rows of every sample drawn from them (the "fork": a prompt is computed once, its cache
   rows are repeated for its ``n`` samples) and returns the next-token logits of each prompt.
 * :class:`DecodeGraph` feeds one token per sequence, writes its key/value into the cache
-  (``ScatterNdUpdate`` on the cache Parameters) and returns the next-token logits. (Writing in a separate graph
-  with an in-place ``ScatterUpdate`` on a flat cache was measured slower end to end on CPU, so we keep one graph.)
+  (``ScatterNdUpdate`` on the cache Parameters) and returns the next-token logits, transposed ([vocab, B]: the host
+  reads them through a transposed view, cheaper than an in-graph Transpose). (Writing in a separate graph with an
+  in-place ``ScatterUpdate`` on a flat cache was measured slower end to end on CPU, so we keep one graph.)
+  :class:`FusedDecodeGraph` is the same step on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`, which
+  write the cache in place.
 
 The math (:mod:`mindgrpo.models.qwen2_blocks`) follows MindFormers' Qwen2 configuration exactly, so logits match
 the actor's full forward.
@@ -23,7 +26,7 @@ from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
 
-__all__ = ["DecodeGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
+__all__ = ["DecodeGraph", "FusedDecodeGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
 
 
 class PrefillGraph(Qwen2Blocks):
@@ -70,7 +73,8 @@ class DecodeGraph(Qwen2Blocks):
 
     def construct(self, tokens, positions, start, write_pos):
         """tokens/positions/start: [B] (start = cache index of each row's first real prompt token);
-        write_pos: scalar cache index of this token (the same for all rows). Returns logits [B, vocab]."""
+        write_pos: scalar cache index of this token (the same for all rows). Returns float32 logits transposed,
+        [vocab, B]."""
         b = tokens.shape[0]
         hT = self._embed_t(tokens)  # [hidden, B]
         cos = ops.gather(self.cos, positions, 0)
@@ -87,7 +91,46 @@ class DecodeGraph(Qwen2Blocks):
             v_cache = ops.depend(self.kv_cache[2 * i + 1], self.scatter(self.kv_cache[2 * i + 1], slot, v))
             ctx = self._attend(q.reshape((b, self.kv_heads, self.groups, self.head_dim)), k_cache, v_cache, bias)
             hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((b, self.hidden))))
-        return self._logits(hT)
+        return self._logits_t(hT)
+
+
+class FusedDecodeGraph(DecodeGraph):
+    """:class:`DecodeGraph`'s math on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`: per layer, three
+    q/k/v products, one attention kernel (bias, RoPE, cache write, attention), the o_proj product, a residual
+    add + RMSNorm kernel, the three MLP products around one SwiGLU kernel, and the next residual add + RMSNorm.
+    CPU, float32."""
+
+    def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple):
+        super().__init__(weights, cache_len, kv_cache)
+        from mindgrpo.ops.decode_step import decode_step_ops  # noqa: PLC0415  (compiles the kernels once)
+
+        # one attribute per op: GRAPH mode does not read a NamedTuple's fields
+        self.attention_op, self.rms_norm_op, self.add_rms_norm_op, self.silu_mul_op = decode_step_ops()
+        self.eps_tensor = Tensor([self.eps], ms.float32)
+        if not self.qkv_bias:  # the attention kernel always adds biases
+            self.zero_bias = (Tensor(np.zeros(self.heads * self.head_dim, np.float32)),
+                              Tensor(np.zeros(self.kv_heads * self.head_dim, np.float32)))
+
+    def _biases(self, layer: int):
+        if self.qkv_bias:
+            return self._w(layer, self.f_bq), self._w(layer, self.f_bk), self._w(layer, self.f_bv)
+        return self.zero_bias[0], self.zero_bias[1], self.zero_bias[1]
+
+    def construct(self, tokens, positions, start, write_pos):
+        hT = self._embed_t(tokens)  # [hidden, B]
+        x = self.rms_norm_op(hT, self._w(0, self.f_norm1), self.eps_tensor)
+        for i in range(self.num_layers):
+            bq, bk, bv = self._biases(i)
+            ctx = self.attention_op(ops.matmul(self._w(i, self.f_wq), x), ops.matmul(self._w(i, self.f_wk), x),
+                                    ops.matmul(self._w(i, self.f_wv), x), bq, bk, bv, self.cos, self.sin, positions,
+                                    start, write_pos, self.kv_cache[2 * i], self.kv_cache[2 * i + 1])  # [hidden, B]
+            hT, x = self.add_rms_norm_op(hT, ops.matmul(self._w(i, self.f_wo), ctx), self._w(i, self.f_norm2),
+                                         self.eps_tensor)
+            up = self.silu_mul_op(ops.matmul(self._w(i, self.f_w1), x), ops.matmul(self._w(i, self.f_w3), x))
+            # the next layer's input norm, or the final norm after the last layer
+            norm = self._w(i + 1, self.f_norm1) if i + 1 < self.num_layers else self._param(1)
+            hT, x = self.add_rms_norm_op(hT, ops.matmul(self._w(i, self.f_w2), up), norm, self.eps_tensor)
+        return ops.matmul(self._param(2), x)  # float32 logits [vocab, B], as DecodeGraph
 
 
 def new_kv_cache(weights: Qwen2Weights, batch: int, cache_len: int, tag: str) -> ParameterTuple:

@@ -1,0 +1,56 @@
+"""The native rollout's decode step as fused CPU kernels: attention with the KV-cache write, RMSNorm (with the
+residual add) and the SwiGLU product.
+
+Decoding one token for a few dozen rows is bound by kernel launches, not arithmetic. With these kernels a layer's
+step is 11 launches (the 7 weight products stay on MindSpore's MatMul) instead of about 50; attention also reads
+only each row's valid keys. ``kernels/decode_step_cpu.cc`` writes out the math. The plain-ops decode graph
+(:class:`mindgrpo.rollout.qwen2_graph.DecodeGraph`) is the reference twin: ``tests/test_rollout.py`` checks one
+against the other, and each kernel against numpy.
+
+CPU and float32 only: the native engine uses them there (``generate_config.decode_impl: fused``) and the plain ops
+on any other device or dtype.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mindspore as ms
+from mindspore import ops
+
+from mindgrpo.ops import build
+
+
+def fused_decode_available(device_target: str, compute_dtype, param_dtype) -> bool:
+    """Whether the kernels can run a model with these compute and weight dtypes on ``device_target``."""
+    return device_target == "CPU" and compute_dtype == ms.float32 and param_dtype == ms.float32
+
+
+class DecodeStepOps(NamedTuple):
+    """The kernels as MindSpore custom ops (shapes in the kernel source). A Cell must keep each op in its own
+    attribute: GRAPH mode does not read a NamedTuple's fields."""
+    attention: ops.Custom
+    """``(q_t, k_t, v_t, bq, bk, bv, cos, sin, positions, start, write_pos, k_cache, v_cache) -> ctx_t``"""
+    rms_norm: ops.Custom
+    """``(x, weight, eps) -> y``"""
+    add_rms_norm: ops.Custom
+    """``(x, delta, weight, eps) -> (x + delta, rms_norm(x + delta))``"""
+    silu_mul: ops.Custom
+    """``(gate, up) -> silu(gate) * up``"""
+
+
+def decode_step_ops() -> DecodeStepOps:
+    """The custom ops, compiling the kernels on first use."""
+    library = build.build_cpu_kernel(build.DECODE_STEP_SOURCE)
+
+    def custom(name: str, shape, dtype) -> ops.Custom:
+        return ops.Custom(f"{library}:{name}", out_shape=shape, out_dtype=dtype, func_type="aot")
+
+    def first(x, *_):
+        return x
+
+    def first_twice(x, *_):
+        return x, x
+
+    return DecodeStepOps(attention=custom("DecodeAttention", first, first), rms_norm=custom("RmsNormT", first, first),
+                         add_rms_norm=custom("AddRmsNormT", first_twice, first_twice),
+                         silu_mul=custom("SiluMul", first, first))

@@ -1,0 +1,307 @@
+// The native rollout's decode step on CPU, as a few MindSpore `ops.Custom(func_type="aot")` kernels.
+//
+// Decoding one token for a few dozen rows is bound by kernel launches, not arithmetic: written with MindSpore ops a
+// layer is about 50 kernels of a few microseconds of work each, and every launch costs ~10 us. These kernels cover
+// everything in a layer except the weight products (left to MindSpore's oneDNN MatMul), so a layer is 11 launches.
+// Hidden states are feature-major, [features, B] (see mindgrpo/models/qwen2_blocks.py: every weight product is
+// then W @ x with the weight as stored).
+//
+//   RmsNormT(x[H,B], weight[H], eps[1]) -> y[H,B]
+//       y[:, b] = x[:, b] * rsqrt(mean(x[:, b]^2) + eps) * weight
+//   AddRmsNormT(x[H,B], delta[H,B], weight[H], eps[1]) -> (x + delta [H,B], RmsNormT(x + delta))
+//   SiluMul(gate[I,B], up[I,B]) -> silu(gate) * up                                   (the SwiGLU product)
+//   DecodeAttention(q_t[Hq*D,B], k_t[KV*D,B], v_t[KV*D,B], bq[Hq*D], bk[KV*D], bv[KV*D],
+//                   cos[P,D], sin[P,D], positions[B] i32, start[B] i32, write_pos[] or [1] i32,
+//                   k_cache[B,KV,L,D], v_cache[B,KV,L,D]) -> ctx_t[Hq*D,B]
+//       q, k, v = q_t[:, b] + bq, k_t[:, b] + bk, v_t[:, b] + bv
+//       q, k    = rope(q, positions[b]), rope(k, positions[b])          (rotate-half RoPE, tables [P, D])
+//       k_cache[b, g, w] = k;  v_cache[b, g, w] = v                     (w = write_pos, the same for every row)
+//       ctx_t[h*D:(h+1)*D, b] = softmax(q_h . k_cache[b, g, start[b]..w] / sqrt(D)) @ v_cache[b, g, start[b]..w]
+//     with query head h reading KV head g = h / (Hq / KV): attention over each row's valid keys only, where the
+//     plain ops mask the whole cache. A model without q/k/v biases passes zeros.
+//
+// DecodeAttention writes the caches IN PLACE: MindSpore hands AOT kernels the Parameters' own buffers, and the
+// decode graph reads the caches only through this kernel, so each write is seen by the later steps (the engine's
+// tests compare many steps' logits with the plain-ops graph and with a full forward).
+//
+// Entry points follow MindSpore's AOT ABI:
+//   int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra)
+// where params holds the inputs then the outputs. All floats are float32. A non-zero return makes MindSpore raise:
+// 1 wrong number of tensors, 2 a cache is not 4-D or the caches differ, 3 q/k/v or x/delta shapes, 4 bias or weight
+// shapes, 5 cos/sin shapes, 6 positions/start shapes, 7 dtypes, 8 output shapes, 9 write_pos, start or a position
+// outside the cache or the tables.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "fast_math.h"
+
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MINDGRPO_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MINDGRPO_CLONES
+#endif
+
+constexpr int kAttentionInputs = 13;
+
+int64_t numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
+
+bool is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
+
+struct Dims {
+  int64_t B, H, KV, L, D;
+};
+
+// Rotate-half RoPE of x[D] at one position (cos/sin rows of the tables) times `scale`, into out[D].
+inline void rope(const float *x, const float *cos, const float *sin, int64_t D, float scale, float *out) {
+  const int64_t half = D / 2;
+  for (int64_t d = 0; d < half; ++d) out[d] = (x[d] * cos[d] - x[d + half] * sin[d]) * scale;
+  for (int64_t d = half; d < D; ++d) out[d] = (x[d] * cos[d] + x[d - half] * sin[d]) * scale;
+}
+
+// Attention of one KV head's `groups` query heads q[groups][D] (RoPE'd, pre-scaled) over keys start..w of its
+// cache; writes acc[groups][D] (normalised). kD is the head size when known at compile time (0: D at run time), so
+// the per-key dot products and value sums unroll into whole vector registers. Each key and value is read once for
+// all the group's heads.
+template <int kD>
+inline __attribute__((always_inline)) void attend_group(int64_t head_dim, int64_t groups, const float *q,
+                                                        const float *k_head, const float *v_head, int64_t start,
+                                                        int64_t w, int64_t L, float *p, float *acc) {
+  const int64_t D = kD ? kD : head_dim;
+  const int64_t keys = w - start + 1;
+  for (int64_t j = 0; j < keys; ++j) {
+    const float *key = k_head + (start + j) * D;
+    for (int64_t h = 0; h < groups; ++h) {
+      const float *qh = q + h * D;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t d = 0; d < D; ++d) s += qh[d] * key[d];
+      p[h * L + j] = s;
+    }
+  }
+  for (int64_t h = 0; h < groups; ++h) {
+    float *ph = p + h * L;
+    float best = -INFINITY;
+    for (int64_t j = 0; j < keys; ++j) best = std::max(best, ph[j]);
+    float total = 0.0f;
+#pragma omp simd reduction(+ : total)
+    for (int64_t j = 0; j < keys; ++j) {
+      ph[j] = mindgrpo::vexp(ph[j] - best);
+      total += ph[j];
+    }
+    const float inv = 1.0f / total;
+    for (int64_t j = 0; j < keys; ++j) ph[j] *= inv;
+  }
+  std::fill(acc, acc + groups * D, 0.0f);
+  for (int64_t j = 0; j < keys; ++j) {
+    const float *value = v_head + (start + j) * D;
+    for (int64_t h = 0; h < groups; ++h) {
+      const float pj = p[h * L + j];
+      float *ah = acc + h * D;
+#pragma omp simd
+      for (int64_t d = 0; d < D; ++d) ah[d] += pj * value[d];
+    }
+  }
+}
+
+// One sequence (row b): write its new key/value into the caches, then attend for every query head.
+MINDGRPO_CLONES void decode_row(const Dims &n, int64_t b, const float *q_t, const float *k_t, const float *v_t,
+                                const float *bq, const float *bk, const float *bv, const float *cos_row,
+                                const float *sin_row, int64_t start, int64_t w, float *k_cache, float *v_cache,
+                                float *ctx_t, float *scratch) {
+  const int64_t B = n.B, D = n.D, L = n.L, groups = n.H / n.KV;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  float *x = scratch;                 // [D] one gathered projection
+  float *q = x + D;                   // [groups][D] the group's rotated, pre-scaled queries
+  float *acc = q + groups * D;        // [groups][D] their attention outputs
+  float *p = acc + groups * D;        // [groups][L] scores, then probabilities
+  for (int64_t g = 0; g < n.KV; ++g) {
+    float *k_head = k_cache + (b * n.KV + g) * L * D;
+    float *v_head = v_cache + (b * n.KV + g) * L * D;
+    for (int64_t d = 0; d < D; ++d) x[d] = k_t[(g * D + d) * B + b] + bk[g * D + d];
+    rope(x, cos_row, sin_row, D, 1.0f, k_head + w * D);
+    for (int64_t d = 0; d < D; ++d) v_head[w * D + d] = v_t[(g * D + d) * B + b] + bv[g * D + d];
+    for (int64_t i = 0; i < groups; ++i) {
+      const int64_t h = g * groups + i;
+      for (int64_t d = 0; d < D; ++d) x[d] = q_t[(h * D + d) * B + b] + bq[h * D + d];
+      rope(x, cos_row, sin_row, D, scale, q + i * D);
+    }
+    switch (D) {  // Qwen2.5's head sizes, then any other
+      case 64: attend_group<64>(D, groups, q, k_head, v_head, start, w, L, p, acc); break;
+      case 128: attend_group<128>(D, groups, q, k_head, v_head, start, w, L, p, acc); break;
+      case 32: attend_group<32>(D, groups, q, k_head, v_head, start, w, L, p, acc); break;
+      default: attend_group<0>(D, groups, q, k_head, v_head, start, w, L, p, acc);
+    }
+    for (int64_t i = 0; i < groups; ++i) {
+      const int64_t h = g * groups + i;
+      for (int64_t d = 0; d < D; ++d) ctx_t[(h * D + d) * B + b] = acc[i * D + d];
+    }
+  }
+}
+
+bool all_float32(int nparam, const char **dtypes) {
+  for (int i = 0; i < nparam; ++i) {
+    if (!is(dtypes[i], "float32")) return false;
+  }
+  return true;
+}
+
+// y = x * rsqrt(mean over features + eps) * weight for feature-major x [H, B]: the per-row sums run along the
+// contiguous B axis, one feature at a time, so both passes vectorise.
+MINDGRPO_CLONES void rms_norm_t(const float *x, const float *weight, float eps, int64_t H, int64_t B, float *y,
+                                float *inv) {
+  std::fill(inv, inv + B, 0.0f);
+  for (int64_t h = 0; h < H; ++h) {
+    const float *row = x + h * B;
+#pragma omp simd
+    for (int64_t b = 0; b < B; ++b) inv[b] += row[b] * row[b];
+  }
+  for (int64_t b = 0; b < B; ++b) inv[b] = 1.0f / std::sqrt(inv[b] / static_cast<float>(H) + eps);
+  for (int64_t h = 0; h < H; ++h) {
+    const float *row = x + h * B;
+    float *out = y + h * B;
+    const float w = weight[h];
+#pragma omp simd
+    for (int64_t b = 0; b < B; ++b) out[b] = row[b] * inv[b] * w;
+  }
+}
+
+// Shapes shared by the norms: x [H, B], weight [H], eps [1].
+int check_norm(int *ndims, int64_t **shapes, int x, int weight, int eps, int64_t *H, int64_t *B) {
+  if (ndims[x] != 2) return 3;
+  *H = shapes[x][0];
+  *B = shapes[x][1];
+  if (numel(ndims[weight], shapes[weight]) != *H || numel(ndims[eps], shapes[eps]) != 1) return 4;
+  return 0;
+}
+
+bool same_shape(int *ndims, int64_t **shapes, int a, int b) {
+  if (ndims[a] != ndims[b]) return false;
+  for (int i = 0; i < ndims[a]; ++i) {
+    if (shapes[a][i] != shapes[b][i]) return false;
+  }
+  return true;
+}
+
+MINDGRPO_CLONES void silu_mul(const float *gate, const float *up, int64_t n, float *out) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + mindgrpo::vexp(-gate[i])) * up[i];
+}
+
+}  // namespace
+
+extern "C" int RmsNormT(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                        void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 4) return 1;
+  if (!all_float32(nparam, dtypes)) return 7;
+  int64_t H, B;
+  if (int err = check_norm(ndims, shapes, 0, 1, 2, &H, &B)) return err;
+  if (!same_shape(ndims, shapes, 0, 3)) return 8;
+  std::vector<float> inv(B);
+  rms_norm_t(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+             *static_cast<const float *>(params[2]), H, B, static_cast<float *>(params[3]), inv.data());
+  return 0;
+}
+
+extern "C" int AddRmsNormT(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                           void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 6) return 1;
+  if (!all_float32(nparam, dtypes)) return 7;
+  int64_t H, B;
+  if (int err = check_norm(ndims, shapes, 0, 2, 3, &H, &B)) return err;
+  if (!same_shape(ndims, shapes, 0, 1)) return 3;
+  if (!same_shape(ndims, shapes, 0, 4) || !same_shape(ndims, shapes, 0, 5)) return 8;
+  const auto *x = static_cast<const float *>(params[0]);
+  const auto *delta = static_cast<const float *>(params[1]);
+  auto *sum = static_cast<float *>(params[4]);
+  for (int64_t i = 0; i < H * B; ++i) sum[i] = x[i] + delta[i];
+  std::vector<float> inv(B);
+  rms_norm_t(sum, static_cast<const float *>(params[2]), *static_cast<const float *>(params[3]), H, B,
+             static_cast<float *>(params[5]), inv.data());
+  return 0;
+}
+
+extern "C" int SiluMul(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
+                       void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 3) return 1;
+  if (!all_float32(nparam, dtypes)) return 7;
+  if (!same_shape(ndims, shapes, 0, 1)) return 3;
+  if (!same_shape(ndims, shapes, 0, 2)) return 8;
+  silu_mul(static_cast<const float *>(params[0]), static_cast<const float *>(params[1]), numel(ndims[0], shapes[0]),
+           static_cast<float *>(params[2]));
+  return 0;
+}
+
+extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                               void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != kAttentionInputs + 1) return 1;
+  if (ndims[11] != 4 || ndims[12] != 4) return 2;
+  for (int i = 0; i < 4; ++i) {
+    if (shapes[11][i] != shapes[12][i]) return 2;
+  }
+  Dims n{shapes[11][0], 0, shapes[11][1], shapes[11][2], shapes[11][3]};
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || shapes[0][1] != n.B || shapes[0][0] % n.D != 0) return 3;
+  n.H = shapes[0][0] / n.D;
+  if (n.D % 2 != 0 || n.H % n.KV != 0) return 3;
+  for (int i = 1; i <= 2; ++i) {
+    if (shapes[i][0] != n.KV * n.D || shapes[i][1] != n.B) return 3;
+  }
+  const int64_t bias_sizes[3] = {n.H * n.D, n.KV * n.D, n.KV * n.D};
+  for (int i = 0; i < 3; ++i) {
+    if (numel(ndims[3 + i], shapes[3 + i]) != bias_sizes[i]) return 4;
+  }
+  for (int i = 6; i <= 7; ++i) {
+    if (ndims[i] != 2 || shapes[i][1] != n.D) return 5;
+  }
+  const int64_t table_len = shapes[6][0];
+  if (shapes[7][0] != table_len) return 5;
+  if (numel(ndims[8], shapes[8]) != n.B || numel(ndims[9], shapes[9]) != n.B) return 6;
+  if (numel(ndims[10], shapes[10]) != 1) return 9;
+  for (int i = 0; i < kAttentionInputs + 1; ++i) {
+    const bool int_input = i >= 8 && i <= 10;
+    if (!is(dtypes[i], int_input ? "int32" : "float32")) return 7;
+  }
+  if (ndims[13] != 2 || shapes[13][0] != n.H * n.D || shapes[13][1] != n.B) return 8;
+
+  const auto *q_t = static_cast<const float *>(params[0]);
+  const auto *k_t = static_cast<const float *>(params[1]);
+  const auto *v_t = static_cast<const float *>(params[2]);
+  const auto *bq = static_cast<const float *>(params[3]);
+  const auto *bk = static_cast<const float *>(params[4]);
+  const auto *bv = static_cast<const float *>(params[5]);
+  const auto *cos = static_cast<const float *>(params[6]);
+  const auto *sin = static_cast<const float *>(params[7]);
+  const auto *positions = static_cast<const int32_t *>(params[8]);
+  const auto *start = static_cast<const int32_t *>(params[9]);
+  const int64_t w = *static_cast<const int32_t *>(params[10]);
+  auto *k_cache = static_cast<float *>(params[11]);
+  auto *v_cache = static_cast<float *>(params[12]);
+  auto *ctx_t = static_cast<float *>(params[13]);
+  if (w < 0 || w >= n.L) return 9;
+  for (int64_t b = 0; b < n.B; ++b) {
+    if (start[b] < 0 || start[b] > w || positions[b] < 0 || positions[b] >= table_len) return 9;
+  }
+  const int64_t groups = n.H / n.KV;
+  std::vector<float> scratch(n.D + 2 * groups * n.D + groups * n.L);
+  for (int64_t b = 0; b < n.B; ++b) {
+    decode_row(n, b, q_t, k_t, v_t, bq, bk, bv, cos + positions[b] * n.D, sin + positions[b] * n.D,
+               start[b], w, k_cache, v_cache, ctx_t, scratch.data());
+  }
+  return 0;
+}

@@ -1,0 +1,35 @@
+// Small numeric helpers shared by the CPU kernels (header-only; the kernel build hashes this folder's headers).
+#ifndef MINDGRPO_FAST_MATH_H_
+#define MINDGRPO_FAST_MATH_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+namespace mindgrpo {
+
+// expf to ~1 ulp (Cephes polynomial) written so the compiler can vectorise it; libm's expf would be a call per
+// element. Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then 2^n is built in the exponent bits.
+inline float vexp(float x) {
+  // Keep 2^n a normal float: saturates at exp(-87.3) ~ 1.2e-38 and exp(88.3) ~ 2.1e38 instead of 0 / inf.
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  const float t = x * 1.44269504088896341f + 12582912.0f;  // 1.5*2^23: round-to-nearest without roundf
+  const float n = t - 12582912.0f;
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  const float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float y = p * z + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return y * scale;
+}
+
+}  // namespace mindgrpo
+
+#endif  // MINDGRPO_FAST_MATH_H_
