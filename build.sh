@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Build mindgrpo: compile the fused GRPO loss CPU kernel into the kernel cache, then build the wheel into dist/.
+# Build mindgrpo: compile the CPU kernels (fused GRPO loss, rollout decode step) into the kernel cache, then build the
+# wheel into dist/.
 #
 #   ./build.sh            # PYTHON=python3.11 ./build.sh to pick the interpreter
 #
-# The kernel lands in mindgrpo's cache (~/.cache/mindgrpo/kernels, or $MINDGRPO_CACHE/kernels) under a name keyed by
+# The kernels land in mindgrpo's cache (~/.cache/mindgrpo/kernels, or $MINDGRPO_CACHE/kernels) under a name keyed by
 # a hash of its source, the compiler and the flags, so a changed source is rebuilt and never loaded stale. The wheel
 # ships the kernel sources (mindgrpo/ops/kernels/), not the compiled library: each machine compiles on first use
 # (or runs this script / `python -m mindgrpo.ops`). The Ascend C operators are built on an Ascend host with
@@ -15,7 +16,7 @@ PYTHON="${PYTHON:-python}"
 # Use this checkout's package even when another mindgrpo is installed.
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 
-echo "==> compiling the fused GRPO loss kernel"
+echo "==> compiling the CPU kernels"
 "$PYTHON" -m mindgrpo.ops
 
 echo "==> building the wheel into dist/"

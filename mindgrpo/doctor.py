@@ -9,7 +9,8 @@ One line per check, ``ok``, ``info``, ``warn`` or ``FAIL``, then its name and wh
 
 Checks: Python and the pinned packages against mindgrpo's own requirements (the checkout's setup.py, else the
 installed package metadata: one source of truth), the device MindSpore sees, the fused loss op (compiled into the
-cache if needed, then run once against the plain-ops twin), msrun on PATH, the msrun master port (a port held by
+cache if needed, then run once against the plain-ops twin), the native rollout's decode kernels (likewise, against
+numpy), msrun on PATH, the msrun master port (a port held by
 another job, say a leftover scheduler or a Ray head, stops a launch with "address already in use"), writable
 cache and output folders, and with ``--config``: the values, every input path, the batch sizes, the parallel
 layout and the rollout backend, exactly as the trainer will see them.
@@ -128,6 +129,39 @@ def check_device(target: str, count: int) -> Iterator[Check]:
     else:
         yield Check("warn", "device", f"{target}: mindgrpo targets CPU (development) and Ascend (training)",
                     "install the CPU or Ascend build of mindspore==2.9.0")
+
+
+def check_decode_kernels(target: str, decode_impl: str = "fused", backend: str = "native") -> Check:
+    """Compile (or find in the cache) the native rollout's fused decode kernels and run one against numpy."""
+    if backend != "native" or decode_impl != "fused" or target != "CPU":
+        reason = (f"the {backend} rollout backend" if backend != "native" else
+                  "generate_config.decode_impl=plain" if decode_impl != "fused" else f"{target} (they are CPU only)")
+        return Check("info", "decode kernels", f"not used with {reason}")
+    import numpy as np
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgrpo.ops import KernelBuildError, build_cpu_kernel
+    from mindgrpo.ops.build import DECODE_STEP_SOURCE
+    from mindgrpo.ops.decode_step import decode_step_ops
+
+    fix = "install g++ (apt-get install g++) and run python -m mindgrpo.ops, or set generate_config.decode_impl=plain"
+    previous_mode = ms.get_context("mode")
+    try:
+        library = build_cpu_kernel(DECODE_STEP_SOURCE)
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        x = np.random.default_rng(0).normal(size=(64, 8)).astype(np.float32)
+        weight = np.linspace(0.5, 1.5, 64, dtype=np.float32)
+        ours = decode_step_ops().rms_norm(Tensor(x), Tensor(weight), Tensor([1e-6], ms.float32)).asnumpy()
+        diff = float(np.abs(ours - x / np.sqrt((x ** 2).mean(0) + 1e-6) * weight[:, None]).max())
+    except (KernelBuildError, RuntimeError, TypeError, ValueError) as err:
+        return Check("FAIL", "decode kernels", f"do not build or run: {str(err).splitlines()[0]}", fix)
+    finally:
+        ms.set_context(mode=previous_mode)
+    if diff > 1e-4:
+        return Check("FAIL", "decode kernels", f"run but RMSNorm differs from numpy by {diff:.2e}", fix)
+    return Check("ok", "decode kernels", f"CPU kernels run, RMSNorm matches numpy ({diff:.1e}); {library}")
 
 
 def check_fused_op(target: str, loss_impl: str = "fused") -> Check:
@@ -403,6 +437,9 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     device, count = detect_device()
     yield from check_device(device, count)
     yield check_fused_op(device, config.rl_config.loss_impl if config else "fused")
+    generate = config.generate_config if config else None
+    yield check_decode_kernels(device, generate.decode_impl if generate else "fused",
+                               generate.backend if generate else "native")
     layout = config.actor_config.parallel_config if config else None
     world = workers or (layout.data_parallel * layout.model_parallel * layout.pipeline_stage if layout else 1)
     yield check_msrun(world)

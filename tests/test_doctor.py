@@ -55,7 +55,7 @@ def test_in_process_passes_on_this_machine(capsys):
     assert cli_main(["doctor", "--master_port", str(free_port())]) == 0
     out = capsys.readouterr().out
     for line in ("ok    python ", "ok    mindspore ", "ok    mindformers ", "ok    numpy ", "ok    device ",
-                 "ok    fused loss op ", "ok    master port ", "ok    cache folder ", "ok    output folder "):
+                 "ok    fused loss op ", "ok    decode kernels ", "ok    master port ", "ok    cache folder ", "ok    output folder "):
         assert line in out, out
     assert "supported ==2.9.0" in out and "matches plain ops" in out and " 0 FAIL" in out
     assert ms.get_context("mode") == mode  # the op check ran in PyNative and put the caller's mode back
@@ -82,6 +82,15 @@ def test_json_output(capsys):
     assert {c["status"] for c in report["checks"]} <= {"ok", "info", "warn"}
     assert {"python", "mindspore", "device", "fused loss op", "msrun", "master port"} <= {
         c["name"] for c in report["checks"]}
+
+
+def test_decode_kernels_check_fails_without_a_compiler_and_names_the_switch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINDGRPO_CACHE", str(tmp_path))  # nothing compiled yet
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    check = doctor.check_decode_kernels("CPU")
+    assert check.status == "FAIL" and "not found" in check.detail and "decode_impl=plain" in check.fix
+    assert doctor.check_decode_kernels("CPU", decode_impl="plain").status == "info"
+    assert "CPU only" in doctor.check_decode_kernels("Ascend").detail
 
 
 def test_busy_port_fails_with_a_free_suggestion(capsys):
