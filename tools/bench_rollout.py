@@ -1,6 +1,9 @@
 #!/usr/bin/env python
 """Benchmark the rollout backends: generated tokens/s of `native` and `mindformers`, beside Hugging Face `generate`.
 
+Backends: ``native`` (the KV-cache engine on its fused CPU decode kernels), ``native-plain`` (the same engine on
+the plain-ops decode graph, ``generate_config.decode_impl: plain``), ``mindformers`` and Hugging Face ``hf``.
+
 Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts when ../shared has the data and
 the fixture tokenizer, random ids otherwise) x 8 samples = 32 sequences x 64 new tokens, temperature 1,
 ``min_tokens = max_tokens`` so every backend generates exactly the same number of tokens. Models: the tiny
@@ -17,7 +20,7 @@ splits a decoding step into time inside the compiled graphs and time on the host
 taken within this run: native / HF generate (target >= 2) and native / mindformers. The HF column is skipped
 when torch or transformers is missing.
 
-    python tools/bench_rollout.py [--sizes tiny small] [--backends native mindformers hf] [--repeats 5] [--threads N]
+    python tools/bench_rollout.py [--sizes tiny small] [--backends native native-plain mindformers hf] [--repeats 5]
 """
 from __future__ import annotations
 
@@ -39,6 +42,7 @@ from benchlib import EOS, FIXTURE, PAD, peak_rss_mib, write_small_model
 from benchlib import GSM8K_TRAIN as GSM8K
 
 TARGET_NATIVE_OVER_HF = 2.0
+BACKENDS = ["native", "native-plain", "mindformers", "hf"]
 
 
 # ----------------------------------------------------------------------------------------------- setup
@@ -78,10 +82,13 @@ def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: 
         ms.device_context.cpu.op_tuning.threads_num(threads)
     ms.set_context(mode=ms.GRAPH_MODE)
     actor = build_model(model_dir)
-    engine = build_rollout_engine(backend, actor, eos_token_id=EOS, pad_token_id=PAD,
-                                  max_prompt_length=max(map(len, prompts)), max_batch_size=len(prompts) * n)
+    # "native-plain": the native engine on the plain-ops decode graph, the fused kernels' reference twin
+    options = {"decode_impl": "plain"} if backend == "native-plain" else {}
+    engine = build_rollout_engine(backend.split("-")[0], actor, eos_token_id=EOS, pad_token_id=PAD,
+                                  max_prompt_length=max(map(len, prompts)), max_batch_size=len(prompts) * n,
+                                  **options)
     params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=1.0, n=n, seed=0)
-    details = (lambda: native_loop_split(engine, prompts, params)) if backend == "native" else dict
+    details = (lambda: native_loop_split(engine, prompts, params)) if backend.startswith("native") else dict
     return (lambda: engine.generate(prompts, params).num_tokens), details
 
 
@@ -231,8 +238,8 @@ def measure(backends: List[str], model_dir: Path, prompts_file: Path, args: argp
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
-    parser.add_argument("--backends", nargs="+", default=["native", "mindformers", "hf"],
-                        choices=["native", "mindformers", "hf"])
+    parser.add_argument("--backends", nargs="+", default=["native", "native-plain", "mindformers", "hf"],
+                        choices=BACKENDS)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -242,7 +249,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads for every framework (torch.set_num_threads, MindSpore's CPU kernel threads); "
                              "default: each framework's own choice")
-    parser.add_argument("--worker", choices=["native", "mindformers", "hf"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=BACKENDS, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--prompts-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -276,10 +283,11 @@ def main() -> int:
                     print(f"  {backend:<12}{r['tokens_per_s']:>10}{r['seconds']:>9}{r['median_s']:>10}"
                           f"{r['first_call_s']:>14}{r['peak_rss_mib']:>14}")
             native = results.get("native")
-            if native:
-                print(f"  native per step: {native['graph_ms_per_step']} ms in graphs, "
-                      f"{native['host_ms_per_step']} ms on the host (sampling, loop, transfers)")
-            for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("mindformers", None)):
+            for name in ("native", "native-plain"):
+                if results.get(name):
+                    print(f"  {name} per step: {results[name]['graph_ms_per_step']} ms in graphs, "
+                          f"{results[name]['host_ms_per_step']} ms on the host (sampling, loop, transfers)")
+            for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("native-plain", None), ("mindformers", None)):
                 if native and results.get(other):
                     ratio = native["tokens_per_s"] / results[other]["tokens_per_s"]
                     verdict = ("" if target is None else
