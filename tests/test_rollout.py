@@ -414,6 +414,27 @@ def test_processing_matches_transformers_warpers():
         assert np.abs(ours[np.isfinite(ours)] - theirs[np.isfinite(theirs)]).max() < 1e-5, kw
 
 
+def test_two_level_draw_is_the_inverse_cdf_over_a_whole_vocabulary():
+    """The block-then-token walk picks what a flat cumulative sum over the vocabulary picks for the same uniform
+    (up to float rounding at a boundary), never a filtered token, with the right frequencies across blocks."""
+    rng = np.random.default_rng(0)
+    vocab, rows = 1000, 4000  # not a multiple of the block: the last block is padded
+    probs = rng.random((rows, vocab)) ** 8  # peaked, mass spread over many blocks
+    probs[:, rng.random(vocab) < 0.3] = 0  # filtered tokens, whole runs of them
+    probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
+    sampler = TokenSampler(SamplingParams(), [0], vocab, np.random.default_rng(7), [[0]] * rows)
+    tokens = sampler._draw(probs)
+    u = 1.0 - np.random.default_rng(7).random(rows)  # the same uniforms
+    cdf = np.cumsum(probs.astype(np.float64), -1)
+    flat = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
+    assert (probs[np.arange(rows), tokens] > 0).all()
+    assert (tokens != flat).mean() < 0.002
+    one = np.repeat(probs[:1], 50000, axis=0)
+    freq = np.bincount(TokenSampler(SamplingParams(), [0], vocab, np.random.default_rng(1), [[0]] * 50000)._draw(one),
+                       minlength=vocab) / 50000
+    assert np.abs(freq - probs[0]).max() < 4 * np.sqrt(probs[0].max() / 50000)
+
+
 def test_sampler_draws_from_the_processed_distribution():
     """Empirical frequencies of 20,000 draws match the probabilities (and never pick a filtered token)."""
     logits = np.log(np.array([[0.5, 0.2, 0.15, 0.1, 0.05]], np.float32))

@@ -17,6 +17,8 @@ import numpy as np
 
 from mindgrpo.rollout.api import SamplingParams
 
+_DRAW_BLOCK = 64  # tokens per block of the two-level inverse-CDF walk in TokenSampler._draw
+
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax that tolerates -inf entries (at least one finite entry per row)."""
@@ -117,8 +119,29 @@ class TokenSampler:
         return tokens, np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0].astype(np.float32)
 
     def _draw(self, probs: np.ndarray) -> np.ndarray:
-        """One token per row with probability ``probs`` (inverse CDF with a seeded uniform)."""
-        cdf = np.cumsum(probs, axis=-1)
-        # u in (0, 1]: the first index whose cdf reaches u * total always has positive probability
-        target = (1.0 - self.rng.random(len(probs))) * cdf[:, -1]
-        return np.minimum((cdf < target[:, None]).sum(axis=-1), probs.shape[-1] - 1).astype(np.int64)
+        """One token per row with probability ``probs`` (inverse CDF with a seeded uniform).
+
+        The CDF is walked in two levels, blocks of ``_DRAW_BLOCK`` tokens and then one block per row: numpy's cumsum
+        over a whole vocabulary is sequential (3.5 ns a token, 0.45 ms per step for 32 rows of 4,096), while the
+        block sums vectorise.
+        """
+        rows, vocab = probs.shape
+        block = _DRAW_BLOCK
+        padded = -(-vocab // block) * block
+        blocks = np.pad(probs, ((0, 0), (0, padded - vocab))).reshape(rows, padded // block, block)
+        block_cdf = np.cumsum(blocks.sum(-1), axis=-1)
+        # u in (0, 1]: the first block (then token) whose cdf reaches u * total has positive probability
+        target = (1.0 - self.rng.random(rows)) * block_cdf[:, -1]
+        chosen = np.minimum((block_cdf < target[:, None]).sum(-1), block_cdf.shape[1] - 1)
+        everything = np.arange(rows)
+        before = np.where(chosen > 0, block_cdf[everything, chosen - 1], 0.0)
+        within = before[:, None] + np.cumsum(blocks[everything, chosen], axis=-1)
+        # the block's own sum may round a hair below its cdf entry: aim at most at its last cumulative value
+        target = np.minimum(target, within[:, -1])
+        tokens = chosen * block + np.minimum((within < target[:, None]).sum(-1), block - 1)
+        tokens = np.minimum(tokens, vocab - 1)
+        for row in np.flatnonzero(probs[everything, tokens] <= 0):  # rounding at a block edge (~never)
+            positive = np.flatnonzero(probs[row] > 0)  # take the next token that can be drawn
+            later = positive[positive >= tokens[row]]
+            tokens[row] = later[0] if later.size else positive[-1]
+        return tokens.astype(np.int64)
