@@ -256,6 +256,7 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
     if (shapes[11][i] != shapes[12][i]) return 2;
   }
   Dims n{shapes[11][0], 0, shapes[11][1], shapes[11][2], shapes[11][3]};
+  if (n.B <= 0 || n.KV <= 0 || n.L <= 0 || n.D <= 0) return 2;
   if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || shapes[0][1] != n.B || shapes[0][0] % n.D != 0) return 3;
   n.H = shapes[0][0] / n.D;
   if (n.D % 2 != 0 || n.H % n.KV != 0) return 3;
