@@ -36,23 +36,15 @@
 #include <cstring>
 #include <vector>
 
-#include "fast_math.h"
+#include "kernel_common.h"
 
 namespace {
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MINDGRPO_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MINDGRPO_CLONES
-#endif
+using mindgrpo::numel;
+using mindgrpo::vexp;
 
 constexpr int kAttentionInputs = 13;
 
-int64_t numel(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
-  return n;
-}
 
 bool is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
 
@@ -94,7 +86,7 @@ inline __attribute__((always_inline)) void attend_group(int64_t head_dim, int64_
     float total = 0.0f;
 #pragma omp simd reduction(+ : total)
     for (int64_t j = 0; j < keys; ++j) {
-      ph[j] = mindgrpo::vexp(ph[j] - best);
+      ph[j] = vexp(ph[j] - best);
       total += ph[j];
     }
     const float inv = 1.0f / total;
@@ -193,7 +185,7 @@ bool same_shape(int *ndims, int64_t **shapes, int a, int b) {
 
 MINDGRPO_CLONES void silu_mul(const float *gate, const float *up, int64_t n, float *out) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + mindgrpo::vexp(-gate[i])) * up[i];
+  for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + vexp(-gate[i])) * up[i];
 }
 
 }  // namespace

@@ -36,7 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "fast_math.h"
+#include "kernel_common.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -44,6 +44,7 @@
 
 namespace {
 
+using mindgrpo::numel;
 using mindgrpo::vexp;
 
 constexpr int kNumStats = 8;
@@ -51,14 +52,6 @@ constexpr int kNumHp = 6;
 // Below this many tokens per thread, waking another thread costs more than it saves.
 constexpr int64_t kTokensPerThread = 32768;
 
-// On x86-64 build AVX-512 and AVX2+FMA clones next to the baseline one; the loader picks per machine (ifunc), so
-// the cached library stays portable across the CPUs that share a home folder. (Measured on the 2-core EPYC dev
-// box, forward at [64, 1024]: baseline SSE2 530 us, AVX2 200 us, AVX-512 105 us.)
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define MINDGRPO_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MINDGRPO_CLONES
-#endif
 
 struct HyperParams {
   float beta, eps_low, eps_high;
@@ -167,12 +160,6 @@ ForwardFn pick_forward(int kl, bool bias, bool token_adv) {
     default:
       return pick_forward<kNoKl>(bias, token_adv);
   }
-}
-
-int64_t numel(int ndim, const int64_t *shape) {
-  int64_t n = 1;
-  for (int i = 0; i < ndim; ++i) n *= shape[i];
-  return n;
 }
 
 bool all_float32(int count, const char **dtypes) {

@@ -1,12 +1,28 @@
-// Small numeric helpers shared by the CPU kernels (header-only; the kernel build hashes this folder's headers).
-#ifndef MINDGRPO_FAST_MATH_H_
-#define MINDGRPO_FAST_MATH_H_
+// What the CPU kernels share (header-only; the kernel build hashes this folder's headers).
+#ifndef MINDGRPO_KERNEL_COMMON_H_
+#define MINDGRPO_KERNEL_COMMON_H_
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 
+// On x86-64 build AVX-512 and AVX2+FMA clones next to the baseline one; the loader picks per machine (ifunc), so
+// the cached library stays portable across the CPUs that share a home folder. (Measured on the 2-core EPYC dev
+// box, forward at [64, 1024]: baseline SSE2 530 us, AVX2 200 us, AVX-512 105 us.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MINDGRPO_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MINDGRPO_CLONES
+#endif
+
 namespace mindgrpo {
+
+// Elements of a tensor of rank ndim (1 for a scalar).
+inline int64_t numel(int ndim, const int64_t *shape) {
+  int64_t n = 1;
+  for (int i = 0; i < ndim; ++i) n *= shape[i];
+  return n;
+}
 
 // expf to ~1 ulp (Cephes polynomial) written so the compiler can vectorise it; libm's expf would be a call per
 // element. Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then 2^n is built in the exponent bits.
@@ -32,4 +48,4 @@ inline float vexp(float x) {
 
 }  // namespace mindgrpo
 
-#endif  // MINDGRPO_FAST_MATH_H_
+#endif  // MINDGRPO_KERNEL_COMMON_H_
