@@ -32,6 +32,9 @@ mindgrpo and TRL alternating (`--repeats` each), and a last JSON line gives mind
 (targets: tokens/s >= 2x on tiny and >= 1.5x on small, peak RSS <= TRL's).
 
     python tools/bench_grpo.py [--sizes tiny small] [--steps 10] [--warmup 2] [--vs-trl /path/to/venv/bin/python]
+
+`--decode-impl plain` runs the rollout on the plain-ops decode graph instead of the fused CPU kernels, and
+`--no-share-prompt` scores every completion's prompt again: each shows what that part of mindgrpo adds.
 """
 from __future__ import annotations
 
