@@ -152,8 +152,8 @@ class GenerateConfig:
     """Sequences decoded together by the rollout engine."""
     decode_impl: str = "fused"
     """native only: ``fused`` (the decode step's attention with its KV-cache write, RMSNorm and SwiGLU as C++
-    kernels: a third of the kernel launches; CPU and float32, elsewhere the plain ops are used) or ``plain``
-    (MindSpore ops; the reference)."""
+    kernels: a quarter of the kernel launches; CPU, float32, Qwen2's q/k/v biases; elsewhere the plain ops are
+    used) or ``plain`` (MindSpore ops; the reference)."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     """Layout of the inference model (Ascend; may differ from the actor's: weights are resharded on sync)."""
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)

@@ -7,8 +7,8 @@ only each row's valid keys. ``kernels/decode_step_cpu.cc`` writes out the math. 
 (:class:`mindgrpo.rollout.qwen2_graph.DecodeGraph`) is the reference twin: ``tests/test_rollout.py`` checks one
 against the other, and each kernel against numpy.
 
-CPU and float32 only: the native engine uses them there (``generate_config.decode_impl: fused``) and the plain ops
-on any other device or dtype.
+CPU, float32 and Qwen2's q/k/v biases only: the native engine uses them there (``generate_config.decode_impl:
+fused``) and the plain ops on any other device, dtype or architecture.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ from mindspore import ops
 from mindgrpo.ops import build
 
 
-def fused_decode_available(device_target: str, compute_dtype, param_dtype) -> bool:
-    """Whether the kernels can run a model with these compute and weight dtypes on ``device_target``."""
-    return device_target == "CPU" and compute_dtype == ms.float32 and param_dtype == ms.float32
+def fused_decode_available(device_target: str, compute_dtype, param_dtype, qkv_bias: bool) -> bool:
+    """Whether the kernels can run a model with these compute and weight dtypes (and q/k/v biases or not, as in
+    Qwen2) on ``device_target``."""
+    return device_target == "CPU" and compute_dtype == ms.float32 and param_dtype == ms.float32 and qkv_bias
 
 
 class DecodeStepOps(NamedTuple):

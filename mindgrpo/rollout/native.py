@@ -134,7 +134,7 @@ class NativeRolloutEngine:
         if decode_impl not in ("fused", "plain"):
             raise ValueError(f"decode_impl must be 'fused' or 'plain', got {decode_impl!r}")
         self.fused_decode = decode_impl == "fused" and fused_decode_available(
-            ms.get_context("device_target"), self.weights.compute_dtype, self.weights.param_dtype)
+            ms.get_context("device_target"), self.weights.compute_dtype, self.weights.param_dtype, self.spec.qkv_bias)
         """Whether decoding uses the fused kernels (see ``decode_impl``)."""
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0

@@ -98,7 +98,7 @@ class FusedDecodeGraph(DecodeGraph):
     """:class:`DecodeGraph`'s math on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`: per layer, three
     q/k/v products, one attention kernel (bias, RoPE, cache write, attention), the o_proj product, a residual
     add + RMSNorm kernel, the three MLP products around one SwiGLU kernel, and the next residual add + RMSNorm.
-    CPU, float32."""
+    CPU, float32, q/k/v biases (Qwen2's)."""
 
     def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple):
         super().__init__(weights, cache_len, kv_cache)
@@ -107,22 +107,14 @@ class FusedDecodeGraph(DecodeGraph):
         # one attribute per op: GRAPH mode does not read a NamedTuple's fields
         self.attention_op, self.rms_norm_op, self.add_rms_norm_op, self.silu_mul_op = decode_step_ops()
         self.eps_tensor = Tensor([self.eps], ms.float32)
-        if not self.qkv_bias:  # the attention kernel always adds biases
-            self.zero_bias = (Tensor(np.zeros(self.heads * self.head_dim, np.float32)),
-                              Tensor(np.zeros(self.kv_heads * self.head_dim, np.float32)))
-
-    def _biases(self, layer: int):
-        if self.qkv_bias:
-            return self._w(layer, self.f_bq), self._w(layer, self.f_bk), self._w(layer, self.f_bv)
-        return self.zero_bias[0], self.zero_bias[1], self.zero_bias[1]
 
     def construct(self, tokens, positions, start, write_pos):
         hT = self._embed_t(tokens)  # [hidden, B]
         x = self.rms_norm_op(hT, self._w(0, self.f_norm1), self.eps_tensor)
         for i in range(self.num_layers):
-            bq, bk, bv = self._biases(i)
             ctx = self.attention_op(ops.matmul(self._w(i, self.f_wq), x), ops.matmul(self._w(i, self.f_wk), x),
-                                    ops.matmul(self._w(i, self.f_wv), x), bq, bk, bv, self.cos, self.sin, positions,
+                                    ops.matmul(self._w(i, self.f_wv), x), self._w(i, self.f_bq),
+                                    self._w(i, self.f_bk), self._w(i, self.f_bv), self.cos, self.sin, positions,
                                     start, write_pos, self.kv_cache[2 * i], self.kv_cache[2 * i + 1])  # [hidden, B]
             hT, x = self.add_rms_norm_op(hT, ops.matmul(self._w(i, self.f_wo), ctx), self._w(i, self.f_norm2),
                                          self.eps_tensor)

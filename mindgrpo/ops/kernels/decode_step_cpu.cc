@@ -18,7 +18,7 @@
 //       k_cache[b, g, w] = k;  v_cache[b, g, w] = v                     (w = write_pos, the same for every row)
 //       ctx_t[h*D:(h+1)*D, b] = softmax(q_h . k_cache[b, g, start[b]..w] / sqrt(D)) @ v_cache[b, g, start[b]..w]
 //     with query head h reading KV head g = h / (Hq / KV): attention over each row's valid keys only, where the
-//     plain ops mask the whole cache. A model without q/k/v biases passes zeros.
+//     plain ops mask the whole cache.
 //
 // DecodeAttention writes the caches IN PLACE: MindSpore hands AOT kernels the Parameters' own buffers, and the
 // decode graph reads the caches only through this kernel, so each write is seen by the later steps (the engine's
