@@ -55,7 +55,8 @@ def test_in_process_passes_on_this_machine(capsys):
     assert cli_main(["doctor", "--master_port", str(free_port())]) == 0
     out = capsys.readouterr().out
     for line in ("ok    python ", "ok    mindspore ", "ok    mindformers ", "ok    numpy ", "ok    device ",
-                 "ok    fused loss op ", "ok    decode kernels ", "ok    master port ", "ok    cache folder ", "ok    output folder "):
+                 "ok    fused loss op ", "ok    decode kernels ", "ok    master port ", "ok    cache folder ",
+                 "ok    output folder "):
         assert line in out, out
     assert "supported ==2.9.0" in out and "matches plain ops" in out and " 0 FAIL" in out
     assert ms.get_context("mode") == mode  # the op check ran in PyNative and put the caller's mode back

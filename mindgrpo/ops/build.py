@@ -3,9 +3,10 @@
 Two libraries: the fused GRPO loss (``grpo_token_loss_cpu.cc``) and the native rollout's decode step
 (``decode_step_cpu.cc``). A library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a
 hash of its source, the shared headers next to it, the compiler's identity and the exact command line, so an edited
-source, another compiler or other flags give a new file and a stale library is never loaded. ``build.sh`` runs this ahead of time (``python -m mindgrpo.ops``);
-otherwise the first use compiles it (a few seconds with g++ 12). The compiler writes to a temporary file in the
-cache folder that is then renamed, so concurrent processes never see half a library.
+source, another compiler or other flags give a new file and a stale library is never loaded. ``build.sh`` runs
+this ahead of time (``python -m mindgrpo.ops``); otherwise the first use compiles it (a few seconds with g++ 12).
+The compiler writes to a temporary file in the cache folder that is then renamed, so concurrent processes never see
+half a library.
 
 Environment: ``CXX`` picks the compiler (default ``g++``); ``MINDGRPO_CACHE`` moves the cache (see ``_env``).
 Libraries of older sources are left in place (another checkout may still use them); deleting the folder is safe.

@@ -107,8 +107,8 @@ class NativeRolloutEngine:
             pad_token_id: id used to pad completions (and left-pad prompts inside a bucket; masked, never seen).
             max_prompt_length: longest prompt accepted.
             max_batch_size: most sequences decoded together (``generate_config.infer_model_batch_size``).
-            prompt_length_buckets: increasing prompt-length buckets; default multiples of PROMPT_LENGTH_BUCKET (64) up to
-                ``max_prompt_length``. Each (bucket, batch, max_tokens) combination compiles once.
+            prompt_length_buckets: increasing prompt-length buckets; default multiples of PROMPT_LENGTH_BUCKET (64)
+                up to ``max_prompt_length``. Each (bucket, batch, max_tokens) combination compiles once.
             max_cached_buckets: buckets (compiled graphs + KV cache) kept alive, least recently used dropped.
             decode_impl: ``fused`` decodes with fused C++ kernels (attention with the cache write, RMSNorm,
                 SwiGLU; :mod:`mindgrpo.ops.decode_step`) when the device is CPU and the model float32, with the

@@ -5,9 +5,10 @@ from the same distribution); :class:`TokenSampler` adds the random draw and the 
 
 Sampling runs on the host because that keeps one readable implementation and is cheap at the sizes we decode on
 CPU: with a 4,096-token vocabulary a step over 32 rows costs about 0.6 ms (~15% of a tiny-model decode step on
-the fused kernels; top-p adds a partial sort). With Qwen2.5's 151,936-token vocabulary the logits are 19 MB per step for 32 rows and the
-host work is ~40 ms per step (more with top-k/top-p): small next to a 0.5B model's decode step on CPU, but on
-Ascend, where a step takes milliseconds, in-graph sampling (or an in-graph top-k pre-filter) would pay off.
+the fused kernels; top-p adds a partial sort). With Qwen2.5's 151,936-token vocabulary the logits are 19 MB per
+step for 32 rows and the host work is ~30 ms per step (~150 ms with top-k 50 and top-p 0.95): small next to a
+0.5B model's decode step on CPU, but on Ascend, where a step takes milliseconds, in-graph sampling (or an in-graph
+top-k pre-filter) would pay off.
 """
 from __future__ import annotations
 
