@@ -206,8 +206,8 @@ def check_msrun(workers: int) -> Check:
     path = shutil.which("msrun")
     if path:
         return Check("ok", "msrun", path)
-    return Check("FAIL" if workers > 1 else "warn", "msrun",
-                 "not on PATH" + (f"; needed for {workers} workers" if workers > 1 else "; needed for multi-worker runs"),
+    needed = f"needed for {workers} workers" if workers > 1 else "needed for multi-worker runs"
+    return Check("FAIL" if workers > 1 else "warn", "msrun", f"not on PATH; {needed}",
                  "pip install mindspore==2.9.0 (msrun comes with it) and add its bin folder to PATH")
 
 
