@@ -49,4 +49,3 @@ def configure() -> None:
         # filter on the logger object itself survives that and applies to handlers added later.
         name = "mindformers" + os.path.expanduser(os.environ["LOG_MF_PATH"])
         logging.getLogger(name).addFilter(_OnlyErrors())
-

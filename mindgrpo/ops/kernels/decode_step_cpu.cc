@@ -40,13 +40,14 @@
 
 namespace {
 
+using mindgrpo::all_float32;
+using mindgrpo::is_float32;
 using mindgrpo::numel;
 using mindgrpo::vexp;
 
 constexpr int kAttentionInputs = 13;
 
 
-bool is(const char *dtype, const char *name) { return std::strcmp(dtype, name) == 0; }
 
 struct Dims {
   int64_t B, H, KV, L, D;
@@ -137,13 +138,6 @@ MINDGRPO_CLONES void decode_row(const Dims &n, int64_t b, const float *q_t, cons
       for (int64_t d = 0; d < D; ++d) ctx_t[(h * D + d) * B + b] = acc[i * D + d];
     }
   }
-}
-
-bool all_float32(int nparam, const char **dtypes) {
-  for (int i = 0; i < nparam; ++i) {
-    if (!is(dtypes[i], "float32")) return false;
-  }
-  return true;
 }
 
 // y = x * rsqrt(mean over features + eps) * weight for feature-major x [H, B]: the per-row sums run along the
@@ -268,7 +262,7 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
   if (numel(ndims[10], shapes[10]) != 1) return 9;
   for (int i = 0; i < kAttentionInputs + 1; ++i) {
     const bool int_input = i >= 8 && i <= 10;
-    if (!is(dtypes[i], int_input ? "int32" : "float32")) return 7;
+    if (int_input ? std::strcmp(dtypes[i], "int32") != 0 : !is_float32(dtypes[i])) return 7;
   }
   if (ndims[13] != 2 || shapes[13][0] != n.H * n.D || shapes[13][1] != n.B) return 8;
 

@@ -44,6 +44,7 @@
 
 namespace {
 
+using mindgrpo::all_float32;
 using mindgrpo::numel;
 using mindgrpo::vexp;
 
@@ -160,13 +161,6 @@ ForwardFn pick_forward(int kl, bool bias, bool token_adv) {
     default:
       return pick_forward<kNoKl>(bias, token_adv);
   }
-}
-
-bool all_float32(int count, const char **dtypes) {
-  for (int i = 0; i < count; ++i) {
-    if (std::strcmp(dtypes[i], "float32") != 0 && std::strcmp(dtypes[i], "float") != 0) return false;
-  }
-  return true;
 }
 
 // Validates the common inputs (logp, old, ref, adv, mask, hp) and reads the hyper-parameters.

@@ -24,6 +24,18 @@ inline int64_t numel(int ndim, const int64_t *shape) {
   return n;
 }
 
+// MindSpore names a float32 tensor's dtype "float32" (some versions "float").
+inline bool is_float32(const char *dtype) {
+  return std::strcmp(dtype, "float32") == 0 || std::strcmp(dtype, "float") == 0;
+}
+
+inline bool all_float32(int count, const char **dtypes) {
+  for (int i = 0; i < count; ++i) {
+    if (!is_float32(dtypes[i])) return false;
+  }
+  return true;
+}
+
 // expf to ~1 ulp (Cephes polynomial) written so the compiler can vectorise it; libm's expf would be a call per
 // element. Cody-Waite range reduction x = n ln2 + r, |r| <= ln2/2, then 2^n is built in the exponent bits.
 inline float vexp(float x) {
