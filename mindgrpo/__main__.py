@@ -4,6 +4,7 @@ Commands:
   doctor        check Python, MindSpore/MindFormers, the device, the fused op, msrun, the master port, folders,
                 and with --config every path and the parallel layout
   config-help   every config key with its type, default and documentation
+  plan          per-rank memory of each data x model parallel layout for a config, and the one that fits
 """
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ from typing import Optional, Sequence
 
 def _doctor(argv: Sequence[str]) -> int:
     from mindgrpo.doctor import main
+
+    return main(argv)
+
+
+def _plan(argv: Sequence[str]) -> int:
+    from mindgrpo.plan import main
 
     return main(argv)
 
@@ -27,7 +34,7 @@ def _config_help(argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"doctor": _doctor, "config-help": _config_help}
+COMMANDS = {"doctor": _doctor, "config-help": _config_help, "plan": _plan}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

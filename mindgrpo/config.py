@@ -41,18 +41,20 @@ OUTPUT_PATH = {"path": "output"}  # created on demand; its parent must be writab
 @dataclass
 class ParallelConfig:
     data_parallel: int = 1
-    """Data-parallel replicas. Each reads its own shard of prompts; gradients are averaged. On CPU this is the
-    only parallelism and must equal the msrun worker count."""
+    """Data-parallel replicas. Each reads its own shard of prompts; gradients are averaged over them.
+    data_parallel x model_parallel must equal the msrun worker count."""
     model_parallel: int = 1
-    """Tensor-parallel degree (Ascend only). Attention heads and KV heads must be divisible by it."""
+    """Tensor-parallel degree (Megatron-style, explicit collectives; CPU and Ascend): each rank of a group of
+    model_parallel consecutive ranks holds 1/model_parallel of the attention heads, the MLP and the vocabulary,
+    read straight from the HF folder. It must divide the attention heads, the vocabulary and the MLP size, and
+    divide the key/value heads or be a multiple of them (then KV heads are replicated). Actor, reference and the
+    native rollout engine use the same degree."""
     pipeline_stage: int = 1
-    """Pipeline stages (Ascend only). The number of layers must be divisible by it."""
-    micro_batch_num: int = 1
-    """Pipeline micro-batches per step (Ascend only; must be >= pipeline_stage when pipeline_stage > 1)."""
-    vocab_emb_dp: bool = True
-    """Keep the embedding table data-parallel instead of splitting it over model_parallel (Ascend only)."""
-    use_seq_parallel: bool = False
-    """Sequence parallelism for norms and dropouts (Ascend only)."""
+    """Pipeline stages. Only 1 is implemented (a larger value is refused): split a large model with
+    model_parallel instead (`python -m mindgrpo plan` shows what fits)."""
+    optimizer_shard: bool = True
+    """ZeRO-1 across data-parallel ranks: each keeps the AdamW moments of only its 1/data_parallel share of the
+    parameters, updates that share and sends it to the others (no effect with data_parallel 1)."""
 
     @property
     def shards_model(self) -> bool:
@@ -120,7 +122,8 @@ class RefConfig:
     ref_model_batch_size: int = 8
     """Completions per reference forward."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    """Layout of the reference model (Ascend)."""
+    """Layout of the reference model: the actor's (the reference runs on the same ranks with the same slices);
+    any other model_parallel or data_parallel is refused."""
 
 
 @dataclass
@@ -155,7 +158,9 @@ class GenerateConfig:
     kernels: a quarter of the kernel launches; CPU, float32, Qwen2's q/k/v biases; elsewhere the plain ops are
     used) or ``plain`` (MindSpore ops; the reference)."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    """Layout of the inference model (Ascend; may differ from the actor's: weights are resharded on sync)."""
+    """Layout of the inference model. ``native`` reads the actor's own slices, so it must equal the actor's
+    layout; ``vllm`` may use another model_parallel (weights are resharded on sync, see
+    mindgrpo.rollout.resharding)."""
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling settings."""
     gpu_memory_utilization: float = 0.9
@@ -243,8 +248,8 @@ class RLConfig:
     """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
     completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
     tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
-    ref_config.ref_model_batch_size to be multiples of num_generations; uses mindgrpo's own Qwen2 forward, which
-    has no sharding strategies, so set it to false for model_parallel or pipeline_stage > 1 (Ascend)."""
+    ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
+    unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
     save_ckpt_interval: int = 100
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     save_max_ckpt_num: int = 1
@@ -605,10 +610,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
                 problems.append(f"{key} = {size} is not a multiple of rl_config.num_generations = "
                                 f"{rl.num_generations}: rl_config.share_prompt needs whole groups per micro-batch "
                                 "(change the size, or set rl_config.share_prompt: false)")
-        if config.actor_config.parallel_config.shards_model:
-            problems.append("rl_config.share_prompt: true needs actor_config.parallel_config.model_parallel and "
-                            "pipeline_stage of 1 (its forward has no sharding strategies): set "
-                            "rl_config.share_prompt: false for this layout")
+    problems += _layout_problems(config)
     rewards = config.reward_config
     if len(rewards.verifier_weight) != len(rewards.verifier_function):
         problems.append(f"reward_config.verifier_weight has {len(rewards.verifier_weight)} entries but "
@@ -616,12 +618,68 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
                         "per verifier")
     if not rewards.verifier_function:
         problems.append("reward_config.verifier_function is empty: name at least one verifier")
+    if config.generate_config.backend == "vllm":
+        problems += _vllm_layout_problems(config)
     if check_paths:
         problems += _path_problems(config)
     if problems:
         where = f" in {config.config_path}" if config.config_path else ""
         raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
     return config
+
+
+def _layout_problems(config: GRPOConfig) -> List[str]:
+    """The layouts of actor, reference and rollout engine must agree (the model's shape is checked later, by
+    check_parallel_layout, once config.json is read)."""
+    actor = config.actor_config.parallel_config
+    problems: List[str] = []
+    tensor_parallel = actor.model_parallel > 1
+    if tensor_parallel and not config.rl_config.share_prompt:
+        problems.append(f"rl_config.share_prompt: false with actor_config.parallel_config.model_parallel = "
+                        f"{actor.model_parallel}: the unshared forward is MindFormers', which does not run on "
+                        "tensor-parallel slices; set rl_config.share_prompt: true")
+    sections = [("ref_config", config.ref_config.parallel_config)]
+    backend = config.generate_config.backend
+    if backend != "vllm":  # vllm reshards to its own model_parallel (checked with the backend's settings)
+        sections.append(("generate_config", config.generate_config.parallel_config))
+    for name, layout in sections:
+        for key in ("data_parallel", "model_parallel", "pipeline_stage"):
+            if getattr(layout, key) != getattr(actor, key):
+                problems.append(f"{name}.parallel_config.{key} = {getattr(layout, key)} differs from "
+                                f"actor_config.parallel_config.{key} = {getattr(actor, key)}: the "
+                                f"{'reference model' if name == 'ref_config' else backend + ' rollout engine'} "
+                                "runs on the actor's ranks with the actor's slices; use the same value")
+    if tensor_parallel and backend == "mindformers":
+        problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (its generate() "
+                        "is MindFormers' forward); use generate_config.backend: native")
+    return problems
+
+
+def _vllm_layout_problems(config: GRPOConfig) -> List[str]:
+    """vLLM's tensor_parallel_size is generate_config.parallel_config.model_parallel; the weight sync reshards the
+    actor into it (mindgrpo.rollout.resharding), which needs it to split the heads, KV heads, MLP and vocabulary
+    as mindgrpo.models.shard_layout.TPLayout does. Needs the actor's config.json: without a readable one there is
+    nothing to check here (the path checks report a missing folder)."""
+    key = "generate_config.parallel_config.model_parallel"
+    tp = config.generate_config.parallel_config.model_parallel
+    if tp < 1:
+        return [f"{key} = {tp}: must be at least 1"]
+    if not config.actor_config.load:
+        return []
+    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
+    from mindgrpo.models.shard_layout import LayoutError, TPLayout
+
+    try:
+        hf_config = read_hf_config(config.actor_config.load)
+    except (OSError, ModelConfigError):
+        return []
+    try:
+        TPLayout.for_hf_config(hf_config, tp, 0)
+    except LayoutError as err:
+        return [f"{key} = {tp} is vLLM's tensor_parallel_size for generate_config.backend vllm, and it cannot split "
+                f"the model in {config.actor_config.load}: {err}. Choose a divisor of the attention heads that also "
+                "divides (or is a multiple of) the key/value heads and divides the MLP size and vocabulary"]
+    return []
 
 
 def _path_problems(config: GRPOConfig) -> List[str]:
@@ -666,40 +724,32 @@ def _writable(path: str) -> bool:
     return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
 
 
-MODEL_PARALLEL_NOT_WIRED = (
-    "model_parallel and pipeline_stage > 1 are not wired into the trainer in this version: it would build a full "
-    "replica of the model on every rank (8-way data parallel), which does not fit Qwen2.5-7B on a 910B. Use "
-    "data_parallel only (a model up to about 1.5B in float32 with AdamW fits one 64 GB NPU); see the known gap in "
-    "docs/ascend.md")
-
-
 def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_heads: int, num_kv_heads: int,
-                          num_layers: int, device_target: str, key: str = "actor_config.parallel_config") -> None:
-    """Check a parallel layout against the worker count, the model shape and the device.
+                          num_layers: int, device_target: str, vocab_size: Optional[int] = None,
+                          intermediate_size: Optional[int] = None, key: str = "actor_config.parallel_config") -> None:
+    """Check a parallel layout against the worker count and the model shape (the same on CPU and Ascend: tensor
+    parallelism is explicit collectives, see mindgrpo.models.tensor_parallel).
 
-    Raises ConfigError naming the number that is wrong.
+    ``vocab_size`` and ``intermediate_size`` are checked when given (the embedding, lm_head and MLP are split over
+    model_parallel). Raises ConfigError naming the number that is wrong.
     """
     dp, mp, pp = parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage
     problems = [f"{key}.{name} = {value}: must be at least 1"
-                for name, value in (("data_parallel", dp), ("model_parallel", mp), ("pipeline_stage", pp),
-                                    ("micro_batch_num", parallel.micro_batch_num)) if value < 1]
+                for name, value in (("data_parallel", dp), ("model_parallel", mp), ("pipeline_stage", pp))
+                if value < 1]
     if not problems:
         if dp * mp * pp != world_size:
             problems.append(f"{key}: data_parallel ({dp}) x model_parallel ({mp}) x pipeline_stage ({pp}) = "
                             f"{dp * mp * pp}, but {world_size} worker(s) are running: make the product equal the "
                             "msrun --worker_num")
-        if num_heads % mp:
-            problems.append(f"{key}.model_parallel = {mp} does not divide the {num_heads} attention heads")
-        if num_kv_heads % mp:
-            problems.append(f"{key}.model_parallel = {mp} does not divide the {num_kv_heads} key/value heads")
-        if num_layers % pp:
-            problems.append(f"{key}.pipeline_stage = {pp} does not divide the {num_layers} layers")
-        if pp > 1 and parallel.micro_batch_num < pp:
-            problems.append(f"{key}.micro_batch_num = {parallel.micro_batch_num} must be >= pipeline_stage ({pp})")
-        if device_target.upper() == "CPU" and (mp > 1 or pp > 1):
-            problems.append(f"{key}: model_parallel = {mp}, pipeline_stage = {pp}, but MindSpore refuses "
-                            "semi-auto parallel on CPU: use data_parallel only on CPU (model and pipeline "
-                            "parallelism are for Ascend)")
+        if pp > 1:
+            problems.append(f"{key}.pipeline_stage = {pp}: pipeline parallelism is not implemented; use "
+                            "model_parallel (tensor parallel) x data_parallel (see `python -m mindgrpo plan`)")
+        from mindgrpo.models.shard_layout import TPLayout  # noqa: PLC0415  (pure numpy; keeps config a light import)
+
+        layout = TPLayout(tp=mp, rank=0, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=1,
+                          vocab_size=vocab_size or mp, intermediate_size=intermediate_size or mp)
+        problems += [f"{key}.{p}" for p in layout.problems()]
     if problems:
         raise ConfigError("invalid parallel layout:\n  - " + "\n  - ".join(problems))
 

@@ -134,45 +134,60 @@ def _math_gold(answer: str) -> str:
     return normalize_number(answer) or answer
 
 
-def read_gsm8k(path: PathLike) -> Iterator[Row]:
-    """GSM8K jsonl: one object per line with `question` and `answer` ending in `#### <number>`. Blank lines skipped."""
-    source = str(path)
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+def _utf8_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of a UTF-8 text file as editors save it: a leading byte-order mark (Windows
+    Notepad) is dropped, CRLF line ends and a missing final newline are fine; non-UTF-8 bytes raise DataError."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as err:
-                yield RowError(source, line_no, "invalid_json", f"invalid JSON: {err.msg} (column {err.colno})")
-                continue
-            if not isinstance(obj, dict):
-                yield RowError(source, line_no, "invalid_json", f"expected a JSON object, got {type(obj).__name__}")
-                continue
-            question, answer = (_text_field(obj, k, source, line_no) for k in ("question", "answer"))
-            if isinstance(question, RowError) or isinstance(answer, RowError):
-                yield question if isinstance(question, RowError) else answer
-                continue
-            if "####" not in answer:
-                yield RowError(source, line_no, "no_answer", "answer has no '#### <number>' final answer")
-                continue
-            final = answer.rsplit("####", 1)[1].strip()
-            gold = normalize_number(final)
-            if gold is None:
-                yield RowError(source, line_no, "no_answer", f"final answer after '####' is not a number: {final!r}")
-                continue
-            yield Record(source, line_no, question, gold)
+                yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not UTF-8 text ({err.reason} at byte {err.start}); save the "
+                                "file as UTF-8") from None
+
+
+def read_gsm8k(path: PathLike) -> Iterator[Row]:
+    """GSM8K jsonl: one object per line with `question` and `answer` ending in `#### <number>`. Blank lines skipped.
+    A UTF-8 byte-order mark and CRLF line ends (files saved on Windows) are accepted."""
+    source = str(path)
+    for line_no, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            yield RowError(source, line_no, "invalid_json", f"invalid JSON: {err.msg} (column {err.colno})")
+            continue
+        if not isinstance(obj, dict):
+            yield RowError(source, line_no, "invalid_json", f"expected a JSON object, got {type(obj).__name__}")
+            continue
+        question, answer = (_text_field(obj, k, source, line_no) for k in ("question", "answer"))
+        if isinstance(question, RowError) or isinstance(answer, RowError):
+            yield question if isinstance(question, RowError) else answer
+            continue
+        if "####" not in answer:
+            yield RowError(source, line_no, "no_answer", "answer has no '#### <number>' final answer")
+            continue
+        final = answer.rsplit("####", 1)[1].strip()
+        gold = normalize_number(final)
+        if gold is None:
+            yield RowError(source, line_no, "no_answer", f"final answer after '####' is not a number: {final!r}")
+            continue
+        yield Record(source, line_no, question, gold)
 
 
 def read_deepscaler(path: PathLike) -> Iterator[Row]:
     """DeepScaleR json: one JSON list of objects with `problem` and `answer`; line_no is the 1-based item index."""
     source = str(path)
-    with open(path, encoding="utf-8") as f:
-        try:
-            items = json.load(f)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{source}:{err.lineno}: invalid JSON ({err.msg}); a deepscaler file is one JSON list "
-                            "of {\"problem\", \"answer\"} objects") from err
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")  # -sig: a byte-order mark from a Windows editor
+    except UnicodeDecodeError as err:
+        raise DataError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{source}:{err.lineno}: invalid JSON ({err.msg}); a deepscaler file is one JSON list "
+                        "of {\"problem\", \"answer\"} objects") from err
     if not isinstance(items, list):
         raise DataError(f"{source}: expected a JSON list of {{\"problem\", \"answer\"}} objects, got "
                         f"{type(items).__name__}; is --dataset_type right?")

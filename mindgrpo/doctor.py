@@ -3,6 +3,7 @@
     python -m mindgrpo doctor                                     # the machine
     python -m mindgrpo doctor --config grpo.yaml [--actor_checkpoint_path ...] [group.key=value ...]
     python -m mindgrpo doctor --master_port 8119 --worker_num 8 --json
+    python -m mindgrpo doctor --config grpo.yaml --worker_num 8 --device-memory 64GB   # and whether it fits
 
 One line per check, ``ok``, ``info``, ``warn`` or ``FAIL``, then its name and what was found; a failed check adds a
 ``fix:`` line with the command or setting that fixes it. The exit code is 1 when any check FAILs, else 0.
@@ -344,14 +345,15 @@ def _model_shape(config) -> Optional[dict]:
         hf = json.loads((Path(config.actor_config.load) / "config.json").read_text(encoding="utf-8"))
         return dict(num_heads=int(hf["num_attention_heads"]),
                     num_kv_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
-                    num_layers=int(hf["num_hidden_layers"]))
+                    num_layers=int(hf["num_hidden_layers"]), vocab_size=int(hf["vocab_size"]),
+                    intermediate_size=int(hf["intermediate_size"]))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: the path check reports it
 
 
 def check_layout(config, workers: int, device: str) -> Iterator[Check]:
     """The actor's layout, as the trainer checks it, and the reference/rollout layouts when they are set."""
-    from mindgrpo.config import MODEL_PARALLEL_NOT_WIRED, ConfigError, check_parallel_layout
+    from mindgrpo.config import ConfigError, check_parallel_layout
 
     shape = _model_shape(config)
     for group in ("actor_config", "ref_config", "generate_config"):
@@ -367,16 +369,39 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
         except ConfigError as err:
             yield Check("FAIL", f"layout {group}", _one_line(str(err).split(":", 1)[1]),
                         f"set {group}.parallel_config so data_parallel x model_parallel x pipeline_stage = "
-                        f"{workers} (msrun --worker_num), with model/pipeline parallel only on Ascend")
-            continue
-        if group == "actor_config" and layout.shards_model:
-            yield Check("FAIL", f"layout {group}", _one_line(MODEL_PARALLEL_NOT_WIRED),
-                        f"set {group}.parallel_config.data_parallel = {workers}, model_parallel = 1, "
-                        "pipeline_stage = 1, and a model that fits one NPU")
+                        f"{workers} (msrun --worker_num), with model_parallel dividing the model's heads and "
+                        "vocabulary (`python -m mindgrpo plan` lists the layouts that work)")
             continue
         yield Check("ok", f"layout {group}", f"dp {layout.data_parallel} x mp {layout.model_parallel} x pp "
                     f"{layout.pipeline_stage} = {workers} worker(s) on {device}"
                     + ("" if shape else " (heads/layers not checked: no readable actor config.json)"))
+
+
+def check_memory(config, workers: int, device_memory: int) -> Check:
+    """Whether the actor's layout fits devices of ``device_memory`` bytes, from :mod:`mindgrpo.plan`."""
+    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
+    from mindgrpo.plan import format_bytes, plan_layouts
+
+    try:
+        hf_config = read_hf_config(config.actor_config.load)
+    except (OSError, ModelConfigError) as err:
+        return Check("info", "memory", f"not planned: {_one_line(err)}")
+    plan = plan_layouts(config, workers, device_memory, hf_config)
+    layout = config.actor_config.parallel_config
+    ours = next((lay for lay in plan["layouts"] if lay["data_parallel"] == layout.data_parallel
+                 and lay["model_parallel"] == layout.model_parallel and layout.pipeline_stage == 1), None)
+    if ours is None:
+        return Check("info", "memory", "not planned: the layout above is not one the trainer runs")
+    where = f"dp {layout.data_parallel} x mp {layout.model_parallel} on {format_bytes(device_memory)} devices"
+    if ours["fits"]:
+        return Check("ok", "memory", f"{where}: {format_bytes(ours['bytes']['total'])} per rank, within the "
+                     f"{format_bytes(plan['budget'])} budget (python -m mindgrpo plan for the breakdown)")
+    rec = plan["recommended"]
+    fix = (f"actor_config.parallel_config.data_parallel={rec['data_parallel']} "
+           f"actor_config.parallel_config.model_parallel={rec['model_parallel']} (the smallest model_parallel that "
+           "fits; python -m mindgrpo plan --config ... --device-memory ... shows every layout)" if rec else
+           plan["advice"][0])
+    return Check("FAIL", "memory", f"{where} cannot fit: {ours['why_not']}", fix)
 
 
 def check_backend(config, device: str) -> Iterator[Check]:
@@ -390,6 +415,9 @@ def check_backend(config, device: str) -> Iterator[Check]:
                         'pip install "mindgrpo[ascend]"')
         else:
             yield Check("ok", "rollout backend", "vllm (vllm-mindspore installed)")
+        yield Check("warn", "vllm backend", "never run by mindgrpo: written against vllm-mindspore's API; only its "
+                    "weight resharding (training TP -> vLLM TP) is tested, on CPU. Treat the first run as a bring-up",
+                    "generate_config.backend=native is the tested rollout engine")
     else:
         yield Check("ok", "rollout backend", gen.backend)
     dtypes = {config.actor_config.compute_dtype, config.ref_config.compute_dtype}
@@ -428,7 +456,8 @@ def check_config(config_path, overrides, flags):
 
 
 def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = (), flags: Optional[dict] = None, *,
-                master_port: Optional[int] = None, workers: Optional[int] = None) -> Iterator[Check]:
+                master_port: Optional[int] = None, workers: Optional[int] = None,
+                device_memory: Optional[int] = None) -> Iterator[Check]:
     """Every check, in order, as it completes (the op compile can take seconds; callers print as they go)."""
     config = None
     if config_path is not None or overrides or flags:
@@ -460,6 +489,8 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     yield from check_batches(config)
     target = device if config.rl_config.device_target == "auto" else config.rl_config.device_target
     yield from check_layout(config, world, target)
+    if device_memory:
+        yield check_memory(config, world, device_memory)
     yield from check_backend(config, device)
 
 
@@ -490,6 +521,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                         f"else {MSRUN_DEFAULT_PORT})")
     parser.add_argument("--worker_num", type=int, help="msrun workers the run will use (default: the product of "
                                                        "actor_config.parallel_config, or 1)")
+    parser.add_argument("--device-memory", "--device_memory", dest="device_memory", type=_device_memory,
+                        help="memory of one device (64GB, 65536MB, bytes): with --config, check the layout fits")
     parser.add_argument("--json", action="store_true", help="print the checks as one JSON object")
     for flag, key in CLI_FLAGS.items():
         if flag == "resume_training":
@@ -498,6 +531,15 @@ def build_parser() -> argparse.ArgumentParser:
             parser.add_argument(f"--{flag}", help=f"sets {key}")
     parser.add_argument("overrides", nargs="*", metavar="group.key=value", help="config overrides, as main.py")
     return parser
+
+
+def _device_memory(text: str) -> int:
+    from mindgrpo.plan import PlanError, parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except PlanError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -509,7 +551,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.json:
         print(f"mindgrpo doctor: mindgrpo {mindgrpo.__version__} from {Path(mindgrpo.__file__).parent}", flush=True)
     for check in iter_checks(args.config, args.overrides, flags, master_port=args.master_port,
-                             workers=args.worker_num):
+                             workers=args.worker_num, device_memory=args.device_memory):
         checks.append(check)
         if not args.json:
             print(format_check(check), flush=True)

@@ -8,11 +8,17 @@ kernel has no bias correction, so it is folded into its scalar inputs (see :meth
 result equals ``torch.optim.AdamW`` (``tests/test_optim.py``). The scalars are passed in as tensors each step, so
 changing the learning rate never recompiles, and the moments are named Parameters, so checkpoints save and restore
 them by name.
+
+ZeRO-1 (``optimizer_shard`` with data parallel > 1) keeps the moments, 8 bytes per parameter, of only the
+parameters this data-parallel rank owns (:func:`mindgrpo.optim_state.owner_ranks`); the others get no moment
+Parameters at all, which is the memory saving. After the owners' in-place updates, one AllReduce-SUM per parameter
+over the data-parallel group, to which non-owners add zeros, gives every rank the new weights exactly (``x + 0 =
+x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.distributed`).
 """
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -20,6 +26,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.config import LRScheduleConfig, OptimizerConfig
+from mindgrpo.distributed import DistInfo
+from mindgrpo.optim_state import MOMENTS, STEP_COUNT, owner_ranks
 
 
 def learning_rate_at(schedule: LRScheduleConfig, step: int, total_steps: int) -> float:
@@ -43,13 +51,34 @@ def _decays(param: Parameter) -> bool:
 
 
 class AdamW(nn.Cell):
-    """AdamW as ``torch.optim.AdamW``: decoupled decay ``p -= lr*wd*p``, bias-corrected moments."""
+    """AdamW as ``torch.optim.AdamW``: decoupled decay ``p -= lr*wd*p``, bias-corrected moments.
 
-    def __init__(self, params: Sequence[Parameter], config: OptimizerConfig):
+    ``names`` key the moments in :meth:`state_arrays` (default: the Parameters' names; the trainer passes Hugging
+    Face names so checkpoints can be resharded). With ``optimizer_shard`` and ``dist.dp_size > 1`` the moments are
+    partitioned over the data-parallel group (ZeRO-1, see the module docstring).
+    """
+
+    def __init__(self, params: Sequence[Parameter], config: OptimizerConfig, *, names: Optional[Sequence[str]] = None,
+                 dist: Optional[DistInfo] = None, optimizer_shard: bool = False):
         super().__init__(auto_prefix=False)
         self.params = ParameterTuple(params)
-        self.exp_avg = self.params.clone(prefix="exp_avg", init="zeros")
-        self.exp_avg_sq = self.params.clone(prefix="exp_avg_sq", init="zeros")
+        self.names = tuple(names) if names is not None else tuple(p.name for p in self.params)
+        if len(self.names) != len(self.params):
+            raise ValueError(f"{len(self.names)} names for {len(self.params)} parameters")
+        self.sharded = bool(optimizer_shard and dist is not None and dist.dp_size > 1)
+        if self.sharded:
+            owners = owner_ranks([int(np.prod(p.shape)) for p in self.params], dist.dp_size)
+            owned = [i for i, owner in enumerate(owners) if owner == dist.dp_rank]
+            self.all_reduce = ops.AllReduce(group=dist.dp_group)
+        else:
+            owned = list(range(len(self.params)))
+        # slots[i]: index of parameter i's moments, or -1 when another data-parallel rank keeps them.
+        position = {i: slot for slot, i in enumerate(owned)}
+        self.slots = tuple(position.get(i, -1) for i in range(len(self.params)))
+        kept = ParameterTuple([self.params[i] for i in owned])
+        self.exp_avg = kept.clone(prefix="exp_avg", init="zeros")
+        self.exp_avg_sq = kept.clone(prefix="exp_avg_sq", init="zeros")
+        self.owned_names = tuple(self.names[i] for i in owned)
         self.beta1, self.beta2, self.eps = config.beta1, config.beta2, config.eps
         self.weight_decay = config.weight_decay
         self.decay_flags = tuple(_decays(p) and config.weight_decay > 0 for p in self.params)
@@ -60,11 +89,25 @@ class AdamW(nn.Cell):
 
     def construct(self, grads, step_size, eps, decay):
         """One step with the scalars of :meth:`hyper_tensors`; the weights and moments change in place."""
-        updates = ()
+        updated = ()
         for i in range(len(self.params)):
-            updates += (self.adam(self.params[i], self.exp_avg[i], self.exp_avg_sq[i], step_size, self.betas[0],
-                                  self.betas[1], eps, decay if self.decay_flags[i] else self.no_decay, grads[i]),)
-        return ops.depend(step_size, updates)
+            slot = self.slots[i]
+            if slot >= 0:
+                update = self.adam(self.params[i], self.exp_avg[slot], self.exp_avg_sq[slot], step_size,
+                                   self.betas[0], self.betas[1], eps,
+                                   decay if self.decay_flags[i] else self.no_decay, grads[i])
+                updated += (ops.depend(self.params[i], update),)
+            else:
+                updated += (ops.zeros_like(self.params[i]),)
+        if not self.sharded:
+            return ops.depend(step_size, updated)
+        # Each AllReduce waits for the previous one: the ranks' graphs differ (each updates its own parameters),
+        # and collectives must be issued in the same order everywhere.
+        previous, synced = step_size, ()
+        for i in range(len(self.params)):
+            previous = self.all_reduce(ops.depend(updated[i], previous))
+            synced += (ops.assign(self.params[i], previous),)
+        return ops.depend(step_size, synced)
 
     def hyper_tensors(self, lr: float) -> Tuple[Tensor, Tensor, Tensor]:
         """Advance the step count and return the kernel's (step size, epsilon, decay) as float32 tensors.
@@ -79,34 +122,57 @@ class AdamW(nn.Cell):
         return (Tensor(lr * root_c2 / c1, ms.float32), Tensor(self.eps * root_c2, ms.float32),
                 Tensor(self.weight_decay * c1 / root_c2, ms.float32))
 
+    def _moments(self):
+        """(state key, moment Parameter) for the moments this rank keeps."""
+        for moment, params in zip(MOMENTS, (self.exp_avg, self.exp_avg_sq)):
+            for name, param in zip(self.owned_names, params):
+                yield f"{moment}.{name}", param
+
     def state_arrays(self) -> Dict[str, np.ndarray]:
-        """Moments by parameter name plus the step count, for checkpoints."""
-        state = {p.name: p.asnumpy() for p in (*self.exp_avg, *self.exp_avg_sq)}
-        state["step_count"] = np.array(self.step_count, dtype=np.int64)
+        """This rank's moments (``exp_avg.<name>``, ``exp_avg_sq.<name>``) plus the step count, for checkpoints;
+        :func:`mindgrpo.optim_state.load_resharded` reads them back under any layout."""
+        state = {key: param.asnumpy() for key, param in self._moments()}
+        state[STEP_COUNT] = np.array(self.step_count, dtype=np.int64)
         return state
 
     def load_state_arrays(self, state: Dict[str, np.ndarray]) -> None:
-        names = {p.name for p in (*self.exp_avg, *self.exp_avg_sq)}
-        missing = sorted(names - set(state))
+        moments = dict(self._moments())
+        missing = sorted(set(moments) - set(state))
         if missing:
             raise ValueError(f"optimizer state is missing {len(missing)} moment(s), e.g. {missing[:3]}: the "
-                             "checkpoint was written for a different model")
-        for p in (*self.exp_avg, *self.exp_avg_sq):
-            if tuple(state[p.name].shape) != tuple(p.shape):
-                raise ValueError(f"optimizer state {p.name} has shape {state[p.name].shape}, expected {p.shape}")
-            p.set_data(Tensor(state[p.name], p.dtype))
-        self.step_count = int(state["step_count"])
+                             "checkpoint was written for a different model or layout")
+        for key, param in moments.items():
+            if tuple(state[key].shape) != tuple(param.shape):
+                raise ValueError(f"optimizer state {key} has shape {state[key].shape}, expected {param.shape}")
+            param.set_data(Tensor(state[key], param.dtype))
+        self.step_count = int(state[STEP_COUNT])
+
+
+def squared_norm(grads, copies: Optional[Sequence[int]] = None) -> Tensor:
+    """Sum of the gradients' squared L2 norms (float32), each divided by its ``copies``: a tensor held identically
+    by several tensor-parallel ranks (norm scales, replicated KV heads) is then counted once when the ranks' sums
+    are added up."""
+    terms = []
+    for i, g in enumerate(grads):
+        term = ops.reduce_sum(ops.square(g.astype(ms.float32)))
+        terms.append(term / copies[i] if copies is not None and copies[i] > 1 else term)
+    return ops.addn(terms)
 
 
 def global_norm(grads) -> Tensor:
     """L2 norm over all gradients (float32)."""
-    return ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
+    return ops.sqrt(squared_norm(grads))
+
+
+def clip_to_norm(grads, norm: Tensor, max_norm: float):
+    """Scale gradients whose global norm is ``norm`` so it is at most max_norm (0 disables)."""
+    if max_norm <= 0:
+        return grads
+    scale = ops.minimum(Tensor(1.0, ms.float32), max_norm / (norm + 1e-6))
+    return tuple(g * scale.astype(g.dtype) for g in grads)
 
 
 def clip_by_global_norm(grads, max_norm: float):
     """Scale gradients so their global norm is at most max_norm (0 disables); returns (grads, norm before)."""
     norm = global_norm(grads)
-    if max_norm <= 0:
-        return grads, norm
-    scale = ops.minimum(Tensor(1.0, ms.float32), max_norm / (norm + 1e-6))
-    return tuple(g * scale.astype(g.dtype) for g in grads), norm
+    return clip_to_norm(grads, norm, max_norm), norm

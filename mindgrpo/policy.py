@@ -20,9 +20,15 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
-from mindgrpo.distributed import DistInfo, all_reduce_sum
-from mindgrpo.models import SharedPromptForward, build_model, export_hf, load_hf_weights
-from mindgrpo.optim import AdamW, clip_by_global_norm, learning_rate_at
+from mindgrpo.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
+from mindgrpo.models import SharedPromptForward, build_model, export_hf, hf_parameters, load_hf_weights
+from mindgrpo.models.export import export_hf_arrays
+from mindgrpo.models.weights import host_array
+from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
+from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo import checkpoint as ckpt
+from mindgrpo.optim import AdamW, clip_to_norm, learning_rate_at, squared_norm
+from mindgrpo.optim_state import layout_record, load_resharded, rank_metadata
 from mindgrpo.rollout import SamplingParams, build_rollout_engine
 
 
@@ -42,16 +48,30 @@ class UnsharedForward(nn.Cell):
 
 class CompletionLogProbs(nn.Cell):
     """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
-    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group) or :class:`UnsharedForward`."""
+    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group) or :class:`UnsharedForward`.
+
+    Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
+    the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.models.tensor_parallel`), so
+    no rank ever holds [tokens, vocab]."""
 
     def __init__(self, forward: nn.Cell, temperature: float):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
+        comm = getattr(forward, "comm", None)
+        self.tensor_parallel = comm is not None and comm.size > 1
+        self.vocab_start = getattr(forward, "vocab_start", 0)
 
     def construct(self, prompt_part, prompt_mask, completion_ids):
         logits = self.forward(prompt_part, prompt_mask, completion_ids)
-        return (token_logprobs(logits, completion_ids, self.temperature),
-                token_entropy(logits, self.temperature))
+        if not self.tensor_parallel:
+            return (token_logprobs(logits, completion_ids, self.temperature),
+                    token_entropy(logits, self.temperature))
+        rows = logits.reshape((-1, logits.shape[-1]))
+        if self.temperature != 1.0:
+            rows = rows * (1.0 / self.temperature)
+        comm, ids = self.forward.comm, completion_ids.reshape((-1,)).astype(ms.int32)
+        return (parallel_token_logprobs(comm, rows, ids, self.vocab_start).reshape(completion_ids.shape),
+                parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
 
 
 def completion_forward(model: nn.Cell, config: GRPOConfig) -> nn.Cell:
@@ -103,22 +123,75 @@ class AccumulateGradients(nn.Cell):
 
 
 class ReduceAndClip(nn.Cell):
-    """Average the accumulated gradients over data-parallel ranks and clip them in place; returns the norm."""
+    """Turn each rank's accumulated gradients into its slice of the whole model's gradient, clip them in place by
+    the global norm, and return that norm.
 
-    def __init__(self, accumulators: ParameterTuple, max_norm: float, world_size: int):
+    * Data parallel: the ranks of a DP group hold the same slice and saw different prompts, so the gradients are
+      averaged over the DP group (not the world: with tensor parallelism the world's ranks hold different slices).
+    * Tensor parallel: a KV head replicated on several TP ranks received, on each, only the gradient flowing
+      through that rank's query heads, so those parts are summed (each rank writes its KV head's slot of a zero
+      buffer; an AllReduce-SUM over the TP group fills every slot; each rank reads its own back).
+    * The norm adds the ranks' squared norms over the TP group, each tensor divided by the number of ranks holding
+      an identical copy (``TPLayout.gradient_owners``), so every parameter of the model counts once. After the DP
+      average the DP ranks hold identical gradients and add nothing.
+
+    Every collective is an AllReduce-SUM, the one CPU runs on sub-groups, and each waits for the previous one so
+    that all ranks issue them in the same order. ``layout`` is None without tensor parallelism; ``hf_names`` are
+    the Hugging Face names of the accumulators' parameters, in order (needed with a layout).
+    """
+
+    def __init__(self, accumulators: ParameterTuple, max_norm: float, dist: DistInfo,
+                 layout: Optional[TPLayout] = None, hf_names: Sequence[str] = ()):
         super().__init__(auto_prefix=False)
         self.accumulators, self.max_norm = accumulators, max_norm
-        self.reducer = (nn.DistributedGradReducer(accumulators, mean=True, degree=world_size)
-                        if world_size > 1 else None)
+        tp, tp_rank = (layout.tp, layout.rank) if layout is not None else (1, 0)
+        if (tp, tp_rank) != (dist.tp_size, dist.tp_rank):
+            raise ValueError(f"the tensor-parallel layout is rank {tp_rank} of {tp}, but this process is rank "
+                             f"{dist.tp_rank} of {dist.tp_size}")
+        if tp > 1 and len(hf_names) != len(accumulators):
+            raise ValueError(f"{len(hf_names)} Hugging Face names for {len(accumulators)} gradient accumulators")
+        self.dp_sum = ops.AllReduce(group=dist.dp_group) if dist.dp_size > 1 else None
+        self.dp_scale = Tensor(1.0 / dist.dp_size, ms.float32)
+        self.tp_sum = ops.AllReduce(group=dist.tp_group) if tp > 1 else None
+        self.copies = tuple(layout.gradient_owners(name) for name in hf_names) if tp > 1 else None
+        self.shared_kv = (tuple(layout.is_replicated_kv(name) for name in hf_names) if tp > 1
+                          else (False,) * len(accumulators))
+        # Ranks r with equal r // kv_replicas hold the same KV head.
+        replicas = layout.kv_replicas if layout is not None else 1
+        self.kv_groups, self.kv_slot = tp // replicas, tp_rank // replicas
 
     def construct(self):
-        grads = tuple(self.accumulators)
-        if self.reducer is not None:
-            grads = self.reducer(grads)
-        grads, norm = clip_by_global_norm(grads, self.max_norm)
+        previous = self.dp_scale  # the last collective's output: the next one waits for it
+        grads = ()
+        for i in range(len(self.accumulators)):
+            grad = self.accumulators[i]
+            if self.shared_kv[i]:
+                grad = self._sum_kv_replicas(ops.depend(grad, previous))
+                previous = grad
+            if self.dp_sum is not None:
+                grad = self.dp_sum(ops.depend(grad, previous))
+                previous = grad
+                grad = grad * self.dp_scale.astype(grad.dtype)
+            grads += (grad,)
+        squares = squared_norm(grads, self.copies)
+        if self.tp_sum is not None:
+            squares = self.tp_sum(ops.depend(squares, previous))
+        norm = ops.sqrt(squares)
+        grads = clip_to_norm(grads, norm, self.max_norm)
         for i in range(len(self.accumulators)):
             ops.assign(self.accumulators[i], grads[i])
         return norm
+
+    def _sum_kv_replicas(self, grad):
+        if self.kv_groups == 1:
+            return self.tp_sum(grad)
+        parts = ()
+        if self.kv_slot > 0:
+            parts += (ops.zeros((self.kv_slot,) + grad.shape, grad.dtype),)
+        parts += (grad.expand_dims(0),)
+        if self.kv_slot < self.kv_groups - 1:
+            parts += (ops.zeros((self.kv_groups - 1 - self.kv_slot,) + grad.shape, grad.dtype),)
+        return self.tp_sum(ops.concat(parts))[self.kv_slot]
 
 
 class ApplyGradients(nn.Cell):
@@ -143,18 +216,26 @@ class Policy:
         rl, actor_cfg = config.rl_config, config.actor_config
         sampling = config.generate_config.sampling_config
         self.config, self.dist = config, dist
+        # Under tensor parallelism each model is this rank's slices, read straight from the HF folder.
+        tp = dict(tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
         self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
-                                 seq_length=rl.seq_length)
+                                 seq_length=rl.seq_length, **tp)
         self.hf_config = self.actor.hf_config
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
-                                      seq_length=rl.seq_length) if rl.beta > 0 else None)
+                                      seq_length=rl.seq_length, **tp) if rl.beta > 0 else None)
         self.engine = build_rollout_engine(
             config.generate_config.backend, self.actor, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
             max_prompt_length=rl.max_prompt_length, max_batch_size=config.generate_config.infer_model_batch_size,
             **rollout_options(config))
         self.sampling = sampling
         self.params = self.actor.trainable_params()
-        self.optimizer = AdamW(self.params, actor_cfg.optimizer)
+        hf_name_of = {id(param): name for name, param in hf_parameters(self.actor).items()}
+        self.param_names = [hf_name_of[id(param)] for param in self.params]
+        self.layout = getattr(self.actor, "tp_layout", None) or TPLayout.for_hf_config(self.hf_config, 1, 0)
+        self.full_shapes = getattr(self.actor, "full_shapes", None) or {
+            name: tuple(param.shape) for name, param in hf_parameters(self.actor).items()}
+        self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
+                               optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
         self.settings = LossSettings(
             loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
@@ -162,10 +243,11 @@ class Policy:
         group = rl.batch_size * rl.num_generations
         actor_forward = completion_forward(self.actor, config)
         loss_cell = GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=rl.num_iterations == 1,
-                                 grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.world_size)
+                                 grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.dp_size)
         accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
-        self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist.world_size)
+        self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist,
+                                              self.layout if dist.tp_size > 1 else None, self.param_names)
         self._apply = ApplyGradients(accumulators, self.optimizer)
         self._accumulators = accumulators
         self._actor_logprobs = CompletionLogProbs(actor_forward, sampling.temperature)
@@ -189,12 +271,47 @@ class Policy:
         self.engine.sync_weights()
 
     def export(self, out_dir: Path) -> None:
-        export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
-                  overwrite=True)  # the checkpoint manager hands us a fresh, empty folder
+        """The actor as a Hugging Face folder (the checkpoint manager hands us a fresh, empty folder). Under tensor
+        parallelism each tensor is gathered from the ranks' slices as it is written, one at a time; the other
+        ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile."""
+        if self.dist.tp_size == 1:
+            export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
+                      overwrite=True)
+            return
+        export_hf_arrays(out_dir, self.actor.full_shapes, self._gather_full, hf_config=self.hf_config,
+                         tokenizer_dir=self.config.tokenizer_dir, overwrite=True)
+
+    def serve_export(self) -> None:
+        """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same (``full_shapes``) order."""
+        for name in self.actor.full_shapes:
+            self._gather_full(name)
+
+    def _gather_full(self, hf_name: str) -> np.ndarray:
+        """One full tensor from this tensor-parallel group's slices (every rank of the group must call it)."""
+        pieces = all_gather(host_array(hf_parameters(self.actor)[hf_name]), self.dist, over=TP)
+        return self.actor.tp_layout.assemble(hf_name, list(pieces), self.actor.full_shapes[hf_name])
 
     def load_weights(self, model_dir: Path) -> None:
         load_hf_weights(self.actor, model_dir)
         self.sync_weights()
+
+    def save_optimizer_shard(self, folder: Path) -> None:
+        """This rank's AdamW moments (keyed by HF name; under ZeRO-1 only the parameters it owns) as
+        ``rank_<rank>.safetensors``, and, from rank 0, the layout they were written under. Every rank writes one,
+        so a checkpoint can be resharded to any layout (without ZeRO-1 data-parallel ranks write copies)."""
+        ckpt.save_arrays(folder / f"rank_{self.dist.rank:05d}.safetensors", self.optimizer.state_arrays(),
+                         metadata=rank_metadata(tp_rank=self.dist.tp_rank, dp_rank=self.dist.dp_rank))
+        if self.dist.is_main:
+            ckpt.save_json(folder / "layout.json", layout_record(tp=self.dist.tp_size, dp=self.dist.dp_size,
+                                                                 optimizer_shard=self.optimizer.sharded))
+
+    def load_optimizer(self, folder: Path) -> None:
+        """This rank's moments from a checkpoint's ``optimizer/`` folder, resharded from the layout it was written
+        under (tensor-parallel degree, data-parallel size, ZeRO-1 or not) to this one."""
+        files = sorted(folder.glob("rank_*.safetensors"))
+        state = load_resharded(files, ckpt.load_json(folder / "layout.json"), self.layout,
+                               self.optimizer.owned_names, self.full_shapes)
+        self.optimizer.load_state_arrays(state)
 
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for this policy so far (its per-Cell compile caches and the engine's)."""
@@ -279,7 +396,7 @@ class Policy:
                                   total_steps * rl.num_iterations)
             # Every rank must take the same branch: the norm is already global; the loss flag is made global.
             local_bad = not all(np.isfinite(v) for v in sums.values())
-            if np.isfinite(norm) and not all_reduce_sum(np.array([float(local_bad)]), self.dist)[0]:
+            if np.isfinite(norm) and not all_reduce_sum(np.array([float(local_bad)]), self.dist, over=WORLD)[0]:
                 self._apply(*self.optimizer.hyper_tensors(lr))
             else:
                 self._drop_gradients()
@@ -289,7 +406,7 @@ class Policy:
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm
             totals["grpo/lr"] = lr
         out = {k: v / rl.num_iterations if k != "grpo/lr" else v for k, v in totals.items()}
-        reduced = all_reduce_sum(np.array(list(out.values())), self.dist) / self.dist.world_size
+        reduced = all_reduce_sum(np.array(list(out.values())), self.dist) / self.dist.dp_size
         out = dict(zip(out, map(float, reduced)))
         out["skipped"] = float(skipped > 0)
         out["grpo/skipped_updates"] = float(skipped)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shutil
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -18,11 +19,13 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from mindgrpo import checkpoint as ckpt
-from mindgrpo.config import MODEL_PARALLEL_NOT_WIRED, GRPOConfig, check_parallel_layout, dump_yaml, validate
+from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
 from mindgrpo.data import PromptBatch, PromptDataset
-from mindgrpo.distributed import DistInfo, all_reduce_sum, init_distributed
+from mindgrpo.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from mindgrpo.metrics import MetricsLogger, throughput_tps
+from mindgrpo.preflight import check_run_inputs
 from mindgrpo.rewards import RewardScorer
+from mindgrpo.run_lock import lock_output_dir
 from mindgrpo.tokenizer import load_tokenizer
 
 
@@ -51,13 +54,12 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig, *, check_paths: bool = True):
         import mindspore as ms
 
+        from mindgrpo.models import read_hf_config
         from mindgrpo.policy import Policy
 
         self.config = validate(config, check_paths=check_paths)
         rl = config.rl_config
-        if config.actor_config.parallel_config.shards_model:
-            raise NotImplementedError(f"actor_config.parallel_config: {MODEL_PARALLEL_NOT_WIRED}")
-        self.dist: DistInfo = init_distributed()
+        self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
         if rl.device_target != "auto":
             ms.set_device(rl.device_target)
@@ -66,26 +68,31 @@ class GRPOTrainer:
         random.seed(rl.seed)
         np.random.seed(rl.seed)
 
+        if self.dist.is_main:  # a second run on the same output folder stops here (mindgrpo/run_lock.py)
+            lock_output_dir(rl.output_dir)
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
         self.dataset = PromptDataset(rl.dataset_file)
+        check_run_inputs(config, self.tokenizer, self.dataset, world_size=self.dist.dp_size)
         group = rl.batch_size * rl.num_generations
         for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
                           ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
             if group % size:
                 raise ValueError(f"{key} = {size} must divide rl_config.batch_size x num_generations = {group} "
                                  "so every micro-batch has the same static shape")
-        self.policy = Policy(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
-                             pad_token_id=self.tokenizer.pad_token_id)
-        hf = self.policy.hf_config
+        hf = read_hf_config(config.actor_config.load)  # the layout is checked before any weight is read
         check_parallel_layout(config.actor_config.parallel_config, world_size=self.dist.world_size,
                               num_heads=hf["num_attention_heads"],
-                              num_kv_heads=hf.get("num_key_value_heads", hf["num_attention_heads"]),
-                              num_layers=hf["num_hidden_layers"], device_target=self.device_target)
+                              num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+                              num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
+                              intermediate_size=hf["intermediate_size"], device_target=self.device_target)
+        self.policy = Policy(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
+                             pad_token_id=self.tokenizer.pad_token_id)
         self.scorer = RewardScorer(config.reward_config.verifier_function, config.reward_config.verifier_weight,
                                    gate_accuracy_on_format=config.reward_config.gate_accuracy_on_format,
                                    fallback_last_number=config.reward_config.fallback_last_number)
 
-        steps_per_epoch = self.dataset.steps_per_epoch(rl.batch_size, self.dist.world_size)
+        # Ranks of one tensor-parallel group share prompts: the data is split over data-parallel ranks only.
+        steps_per_epoch = self.dataset.steps_per_epoch(rl.batch_size, self.dist.dp_size)
         self.total_steps = rl.max_steps or rl.epochs * steps_per_epoch
         self.output_dir = Path(rl.output_dir)
         self.checkpoints = ckpt.CheckpointManager(config.checkpoint_dir, keep_last=rl.save_max_ckpt_num)
@@ -101,7 +108,7 @@ class GRPOTrainer:
         if self.step:
             self.metrics.truncate_after(self.step)
         self._batches: Iterator[PromptBatch] = self.dataset.batches(
-            rl.batch_size, seed=rl.seed, rank=self.dist.rank, world_size=self.dist.world_size)
+            rl.batch_size, seed=rl.seed, rank=self.dist.dp_rank, world_size=self.dist.dp_size)
 
     # ------------------------------------------------------------------------------------------------------------
     def precompile(self) -> None:
@@ -114,7 +121,7 @@ class GRPOTrainer:
         rl = self.config.rl_config
         n, t = rl.batch_size * rl.num_generations, self.config.generate_config.sampling_config.max_tokens
         longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
-                                                       rank=self.dist.rank, world_size=self.dist.world_size)
+                                                       rank=self.dist.dp_rank, world_size=self.dist.dp_size)
         widths = sorted({rl.prompt_width(int(n)) for n in longest}, reverse=True)
         for width in widths:
             self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
@@ -195,8 +202,9 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def _sampling_seed(self) -> int:
-        """Derived from (seed, step, rank) alone, so a resumed run samples exactly what the original would."""
-        return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.rank])
+        """Derived from (seed, step, data-parallel rank) alone, so a resumed run samples exactly what the original
+        would, and the ranks of one tensor-parallel group draw the same tokens."""
+        return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.dp_rank])
                    .generate_state(1)[0] & 0x7FFFFFFF)
 
     def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
@@ -221,8 +229,8 @@ class GRPOTrainer:
         count = sums[-1]
         mins_maxs = np.concatenate([[v.min(), -v.max()] for v in local.values()])
         # min and max through a sum of one-hot rank slots keeps to AllReduce(sum), the one collective we rely on
-        slots = np.zeros((self.dist.world_size, mins_maxs.size))
-        slots[self.dist.rank] = mins_maxs
+        slots = np.zeros((self.dist.dp_size, mins_maxs.size))
+        slots[self.dist.dp_rank] = mins_maxs
         gathered = all_reduce_sum(slots, self.dist)
         lo, neg_hi = gathered.min(0)[0::2], gathered.min(0)[1::2]
         metrics: Dict[str, float] = {
@@ -243,7 +251,7 @@ class GRPOTrainer:
         metrics.update(update)
         metrics.update(timings)
         per_sample_prompt, per_sample_resp = sums[2] / count, sums[1] / count
-        prompts, world = rl.batch_size * self.dist.world_size, self.dist.world_size
+        prompts, world = rl.batch_size * self.dist.dp_size, self.dist.world_size
         for name, key in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"), ("vllm_tps", "timing/rollout")):
             metrics[name] = throughput_tps(per_sample_prompt, per_sample_resp, prompts, rl.num_generations, world,
                                            timings[key])
@@ -263,17 +271,35 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------------------------------------------------
     def save_checkpoint(self) -> Optional[Path]:
-        """Actor weights (HF safetensors), optimizer moments and trainer state, atomically; rank 0 writes."""
-        if not self.dist.is_main:
-            return None
-        state = {"step": self.step, "data": self.dataset.state_dict(), "rng": ckpt.rng_state(),
-                 "skipped_in_a_row": self.skipped_in_a_row,
-                 "seed": self.config.rl_config.seed}
-        return self.checkpoints.save(self.step, {
-            "model": self.policy.export,
-            "optimizer": lambda d: ckpt.save_arrays(d / "optimizer.safetensors", self.policy.optimizer.state_arrays()),
-            "trainer": lambda d: ckpt.save_json(d / "trainer_state.json", state),
-        })
+        """Actor weights (one HF folder, gathered from the tensor-parallel slices), each rank's optimizer shard and
+        the trainer state, committed atomically by rank 0. Every rank must call it.
+
+        Every rank writes its optimizer shard to a staging folder first; rank 0 moves those files into the
+        checkpoint it is building, so the manifest's checksums cover them and the whole step still appears by one
+        rename. (Several machines must share the checkpoint folder.)"""
+        staging = self.checkpoints.save_dir / f".shards-step_{self.step:08d}"
+        staging.mkdir(parents=True, exist_ok=True)
+        self.policy.save_optimizer_shard(staging)
+        barrier(self.dist)
+        saved = None
+        if self.dist.is_main:
+            state = {"step": self.step, "data": self.dataset.state_dict(), "rng": ckpt.rng_state(),
+                     "skipped_in_a_row": self.skipped_in_a_row, "seed": self.config.rl_config.seed}
+
+            def optimizer(folder: Path) -> None:
+                for shard in sorted(staging.iterdir()):
+                    os.replace(shard, folder / shard.name)
+
+            saved = self.checkpoints.save(self.step, {
+                "model": self.policy.export,  # first: its gathers pair with serve_export on the peers
+                "optimizer": optimizer,
+                "trainer": lambda d: ckpt.save_json(d / "trainer_state.json", state),
+            })
+            shutil.rmtree(staging, ignore_errors=True)
+        elif self.dist.dp_rank == 0 and self.dist.tp_size > 1:
+            self.policy.serve_export()
+        barrier(self.dist)
+        return saved
 
     def _resume(self) -> None:
         path = self.checkpoints.latest()
@@ -283,8 +309,10 @@ class GRPOTrainer:
                       "starting from step 0", flush=True)
             return
         state = ckpt.load_json(path / "trainer" / "trainer_state.json")
+        # Each rank reads its own slices of the full HF weights and its moments, resharded if the checkpoint was
+        # written under another layout.
         self.policy.load_weights(path / "model")
-        self.policy.optimizer.load_state_arrays(ckpt.load_arrays(path / "optimizer" / "optimizer.safetensors"))
+        self.policy.load_optimizer(path / "optimizer")
         self.dataset.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.skipped_in_a_row = int(state["step"]), int(state["skipped_in_a_row"])

@@ -111,8 +111,8 @@ def test_every_field_is_documented():
 @pytest.mark.parametrize("layout, world, device, needle", [
     (dict(data_parallel=2, model_parallel=2), 8, "Ascend", "= 4, but 8 worker"),
     (dict(data_parallel=1, model_parallel=3), 3, "Ascend", "does not divide the 28 attention heads"),
-    (dict(data_parallel=2, pipeline_stage=3), 6, "Ascend", "does not divide the 28 layers"),
-    (dict(data_parallel=1, model_parallel=2), 2, "CPU", "semi-auto parallel on CPU"),
+    (dict(data_parallel=2, pipeline_stage=2), 4, "Ascend", "pipeline parallelism is not implemented"),
+    (dict(data_parallel=1, model_parallel=8), 8, "CPU", "multiple of them"),
 ])
 def test_parallel_layout_errors(layout, world, device, needle):
     with pytest.raises(ConfigError, match=needle):
@@ -125,3 +125,6 @@ def test_parallel_layout_ok():
                           num_kv_heads=4, num_layers=28, device_target="Ascend")
     check_parallel_layout(ParallelConfig(data_parallel=2), world_size=2, num_heads=4, num_kv_heads=2,
                           num_layers=4, device_target="CPU")
+    # tensor parallel on CPU too (explicit collectives), with KV heads replicated when fewer than the ranks
+    check_parallel_layout(ParallelConfig(model_parallel=4), world_size=4, num_heads=4, num_kv_heads=2,
+                          num_layers=4, vocab_size=256, intermediate_size=96, device_target="CPU")

@@ -293,6 +293,68 @@ def test_sigkill_mid_conversion_leaves_no_output(tokenizer, tmp_path):
         ["big.mindrecord", "big.mindrecord.db"] + [p.name for p in alive])
 
 
+# ---- files as editors save them ------------------------------------------------------------------------------
+
+WINDOWS_ROWS = [{"question": f"Tom has {i} apples and buys 2 more. How many apples does Tom have now?",
+                 "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"} for i in range(1, 6)]
+
+
+def windows_gsm8k(path: Path, *, bom: bool, crlf: bool, blank: bool, final_newline: bool) -> Path:
+    """WINDOWS_ROWS as a jsonl with a UTF-8 byte-order mark, CRLF line ends, blank (and whitespace-only) lines
+    between rows and/or no newline after the last row."""
+    end = "\r\n" if crlf else "\n"
+    lines = []
+    for row in WINDOWS_ROWS:
+        lines.append(json.dumps(row, ensure_ascii=False))
+        if blank:
+            lines += ["", "  \t"]
+    text = end.join(lines) + (end if final_newline else "")
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))
+    return path
+
+
+@pytest.mark.parametrize("bom,crlf,blank,final_newline", [
+    (True, True, False, True),    # Notepad's "UTF-8 with BOM", CRLF
+    (True, False, False, False),  # BOM alone, no final newline
+    (False, True, True, False),   # CRLF with blank lines, no final newline
+    (True, True, True, True),     # everything at once
+])
+def test_gsm8k_saved_by_a_windows_editor_converts_every_row(demo_plain, tmp_path, capsys, bom, crlf, blank,
+                                                            final_newline):
+    """Every row is read by read_gsm8k and written by tools/rlhf_data.py (once the BOM row was invalid JSON)."""
+    src = windows_gsm8k(tmp_path / "train.jsonl", bom=bom, crlf=crlf, blank=blank, final_newline=final_newline)
+    rows = list(read_dataset(src, "gsm8k"))
+    assert [type(r).__name__ for r in rows] == ["Record"] * len(WINDOWS_ROWS), rows
+    assert [r.question for r in rows] == [r["question"] for r in WINDOWS_ROWS]
+    assert [r.gold for r in rows] == [str(i + 2) for i in range(1, 6)]
+    out = tmp_path / "train.mindrecord"
+    code = tool_main("--tokenizer_dir", demo_plain.model_dir, "--file_path", src, "--output_path", out,
+                     "--dataset_type", "gsm8k", "--prompt_template", "gsm8k_hash", "--max_prompt_length", 64,
+                     "--no_progress", "--strict")
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert f"read {len(WINDOWS_ROWS)}, written {len(WINDOWS_ROWS)}, skipped 0" in captured.out
+    ds = PromptDataset(out)
+    assert ds.questions == [r["question"] for r in WINDOWS_ROWS]
+
+
+def test_deepscaler_saved_by_a_windows_editor_and_non_utf8_files(tmp_path):
+    items = [{"problem": r["question"], "answer": r["answer"].rsplit("#### ", 1)[1]} for r in WINDOWS_ROWS]
+    src = tmp_path / "ds.json"
+    src.write_bytes(b"\xef\xbb\xbf" + json.dumps(items, indent=1).replace("\n", "\r\n").encode("utf-8"))
+    rows = list(read_dataset(src, "deepscaler"))
+    assert [r.question for r in rows] == [r["question"] for r in WINDOWS_ROWS]
+    # A file in a legacy code page (or UTF-16) stops with the file and line, not a UnicodeDecodeError traceback.
+    legacy = tmp_path / "gbk.jsonl"
+    legacy.write_bytes(json.dumps(WINDOWS_ROWS[0]).encode() + b"\r\n" + '{"question": "苹果?", "answer": "#### 1"}'
+                       .encode("gbk") + b"\r\n")
+    with pytest.raises(DataError, match=r"gbk.jsonl:2: not UTF-8 text.*save the file as UTF-8"):
+        list(read_dataset(legacy, "gsm8k"))
+    (tmp_path / "gbk.json").write_bytes('[{"problem": "苹果?", "answer": "1"}]'.encode("gbk"))
+    with pytest.raises(DataError, match=r"gbk.json: not UTF-8 text.*save it as UTF-8"):
+        list(read_dataset(tmp_path / "gbk.json", "deepscaler"))
+
+
 # ---- deepscaler and math17k -----------------------------------------------------------------------------------
 
 def test_deepscaler_reader(tmp_path, tokenizer):

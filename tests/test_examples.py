@@ -6,7 +6,7 @@ import pytest
 from mindgrpo.config import check_parallel_layout, load_config, validate
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "grpo"
-QWEN2_5_7B = dict(num_heads=28, num_kv_heads=4, num_layers=28)
+QWEN2_5_7B = dict(num_heads=28, num_kv_heads=4, num_layers=28, vocab_size=152064, intermediate_size=18944)
 
 
 @pytest.mark.parametrize("name", ["grpo_demo.yaml", "grpo_qwen2_5_7b.yaml"])
@@ -23,4 +23,5 @@ def test_7b_layout_fits_eight_npus():
     for key in ("actor_config", "ref_config", "generate_config"):
         check_parallel_layout(getattr(config, key).parallel_config, world_size=8, device_target="Ascend",
                               key=f"{key}.parallel_config", **QWEN2_5_7B)
-    assert config.generate_config.backend == "vllm" and config.actor_config.compute_dtype == "bfloat16"
+    assert config.actor_config.parallel_config.model_parallel == 4 and config.rl_config.share_prompt
+    assert config.generate_config.backend == "native" and config.actor_config.compute_dtype == "bfloat16"

@@ -8,8 +8,10 @@ import pytest
 import mindgrpo  # noqa: F401  (before mindspore)
 from mindspore import Tensor
 
-from mindgrpo.models import build_model, export_hf, load_state_dict_hf, read_hf_config, state_dict_hf
+from mindgrpo.models import (build_model, export_hf, load_hf_weights, load_state_dict_hf, read_hf_config,
+                             state_dict_hf)
 from mindgrpo.models import export as export_module
+from mindgrpo.models.export import export_hf_arrays, parse_size, plan_shards
 from mindgrpo.models.safetensors_io import SafetensorsError, SafetensorsReader, write_safetensors
 
 torch = pytest.importorskip("torch")
@@ -94,6 +96,108 @@ def test_export_is_atomic(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.undo()
     export_hf(model, out, hf_config=config, overwrite=True)
     assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+# ------------------------------------------------------------------------------------------------ sharded export
+@pytest.fixture(scope="module")
+def random_qwen2_dir(tmp_path_factory):
+    """A tiny random Qwen2 (untied, GQA) saved by transformers itself: needs no ../shared fixtures."""
+    config = transformers.Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                      tie_word_embeddings=False, use_sliding_window=False, rms_norm_eps=1e-6)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("random-qwen2")
+    model = transformers.Qwen2ForCausalLM(config)
+    with torch.no_grad():  # HF initialises biases to zero; make them count
+        for name, param in model.named_parameters():
+            if name.endswith("bias"):
+                param.normal_(0, 0.02)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def _ids():
+    rng = np.random.default_rng(3)
+    return {"input_ids": rng.integers(0, 96, (2, 7)), "attention_mask": np.ones((2, 7), np.int64)}
+
+
+def test_large_export_is_sharded_with_an_index_that_transformers_loads(tmp_path, random_qwen2_dir):
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    model = build_model(random_qwen2_dir)
+    config = read_hf_config(random_qwen2_dir)
+    single = export_hf(model, tmp_path / "single", hf_config=config)
+    sharded = export_hf(model, tmp_path / "sharded", hf_config=config, max_shard_size="20KB")
+    assert not (single / "model.safetensors.index.json").exists()
+
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in sharded.glob("*.safetensors"))
+    count = len(files)
+    assert count >= 3 and files == [f"model-{k:05d}-of-{count:05d}.safetensors" for k in range(1, count + 1)]
+    weights = state_dict_hf(model)
+    assert set(index["weight_map"]) == set(weights) and set(index["weight_map"].values()) == set(files)
+    assert index["metadata"]["total_size"] == sum(v.size * 4 for v in weights.values())
+    for file in files:  # each shard holds what the index says, within the limit (no tensor here exceeds it)
+        reader = SafetensorsReader(sharded / file)
+        assert set(reader.keys()) == {k for k, f in index["weight_map"].items() if f == file}
+        assert sum(reader.read(k).size * 4 for k in reader.keys()) <= 20_000
+    # the same split as save_pretrained's (huggingface_hub), given the same tensors in the same order
+    hub = split_torch_state_dict_into_shards({k: torch.from_numpy(v) for k, v in weights.items()},
+                                             max_shard_size="20KB")
+    assert hub.tensor_to_filename == index["weight_map"]
+
+    ids = _ids()
+    np.testing.assert_array_equal(_hf_logits(sharded, ids), _hf_logits(single, ids))
+    torch_model = transformers.AutoModelForCausalLM.from_pretrained(random_qwen2_dir, dtype=torch.float32,
+                                                                   attn_implementation="eager")
+    with torch.no_grad():
+        original = torch_model(torch.tensor(ids["input_ids"])).logits.numpy()
+    assert np.abs(_hf_logits(sharded, ids) - original).max() < 1e-5
+
+    fresh = build_model(random_qwen2_dir, load_weights=False)
+    assert any(not np.array_equal(v, weights[k]) for k, v in state_dict_hf(fresh).items())
+    load_hf_weights(fresh, sharded)  # mindgrpo's own loader reads the index back
+    for name, value in state_dict_hf(fresh).items():
+        np.testing.assert_array_equal(value, weights[name], err_msg=name)
+
+
+def test_export_hf_arrays_fetches_each_tensor_once_in_order(tmp_path, random_qwen2_dir):
+    """The lower-level writer, as a tensor-parallel run uses it: full shapes plus a fetch per tensor (there a
+    collective, so the order and count of calls matter)."""
+    config = read_hf_config(random_qwen2_dir)
+    weights = state_dict_hf(build_model(random_qwen2_dir))
+    calls = []
+
+    def fetch(name):
+        calls.append(name)
+        return weights[name].astype(np.float64)  # any float dtype is converted to the storage dtype
+
+    shapes = {k: v.shape for k, v in weights.items()}
+    out = export_hf_arrays(tmp_path / "out", shapes, fetch, hf_config=config, max_shard_size=10_000,
+                           dtype="bfloat16")
+    assert calls == list(shapes)
+    assert len(list(out.glob("model-*-of-*.safetensors"))) >= 3
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).state_dict()
+    for name, value in weights.items():
+        expected = torch.from_numpy(value).to(torch.bfloat16).float().numpy()
+        np.testing.assert_array_equal(hf[name].numpy(), expected, err_msg=name)
+
+    calls.clear()
+    with pytest.raises(ValueError, match="num_hidden_layers=2"):
+        export_hf_arrays(tmp_path / "bad", {k: v for k, v in shapes.items() if ".layers.1." not in k}, fetch,
+                         hf_config=config)
+    assert calls == [] and not (tmp_path / "bad").exists()
+
+
+def test_max_shard_size_parsing_and_plan():
+    assert parse_size("5GB") == 5 * 10 ** 9 and parse_size("20KB") == 20_000 and parse_size(" 2 MiB") == 2 << 20
+    assert parse_size(4096) == 4096 and parse_size("4096") == 4096 and parse_size("1.5mb") == 1_500_000
+    for bad in ("5 parsecs", "GB", -1, 0, 1.5, True):
+        with pytest.raises(ValueError, match="max_shard_size"):
+            parse_size(bad)
+    # a tensor above the limit sits alone; otherwise fill in order, a new shard when the next one overflows
+    assert plan_shards({"a": 6, "b": 5, "big": 30, "c": 4, "d": 1}, 10) == [["a"], ["big"], ["b", "c", "d"]]
+    assert plan_shards({"a": 3, "b": 3}, 10) == [["a", "b"]]
 
 
 # ------------------------------------------------------------------------------------------------ safetensors io

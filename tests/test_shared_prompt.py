@@ -1,5 +1,9 @@
 """The shared-prompt forward equals MindFormers' forward over repeated [prompt | completion] rows: logits and the
-gradients of a log-prob loss, in PyNative and GRAPH mode, with left padding, ragged completions and GQA."""
+gradients of a log-prob loss, in PyNative and GRAPH mode, with left padding, ragged completions and GQA; and
+``recompute=True`` gives the same gradients."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -9,6 +13,9 @@ from mindspore import ParameterTuple, Tensor, nn
 from mindgrpo.algorithm import token_logprobs
 from mindgrpo.config import ConfigError, GRPOConfig, validate
 from mindgrpo.models import SharedPromptForward, build_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tiny_qwen import make_tiny_qwen2  # noqa: E402
 
 G, P, T = 3, 12, 7
 PAD = 4093
@@ -36,9 +43,9 @@ def unshared(prompt_ids, prompt_mask, completion_ids, completion_mask):
 
 
 class SharedLoss(nn.Cell):
-    def __init__(self, model):
+    def __init__(self, model, recompute: bool = False):
         super().__init__(auto_prefix=False)
-        self.forward = SharedPromptForward(model, G, 64)
+        self.forward = SharedPromptForward(model, G, 64, recompute=recompute)
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, weights):
         return (token_logprobs(self.forward(prompt_ids, prompt_mask, completion_ids), completion_ids) * weights).sum()
@@ -83,6 +90,35 @@ def test_gradients_equal_the_unshared_forward(actor, ms_mode):
         gs, gu = gs.asnumpy(), gu.asnumpy()
         scale = max(np.abs(gu).max(), 1e-6)
         assert np.abs(gs - gu).max() <= 1e-4 * scale, param.name
+
+
+@pytest.fixture(scope="module")
+def local_actor(tmp_path_factory):
+    """A 3-layer GQA model made here (vocabulary above the batch's ids), so this test needs no ../shared."""
+    return build_model(make_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", layers=3, vocab=4096),
+                       seq_length=64)
+
+
+def test_recompute_gives_the_same_gradients(local_actor, ms_mode):
+    """Each decoder layer is a recomputed Cell; the backward recomputes its activations and must give the
+    gradients of the stored-activation backward (the graph is the same math, so to rounding)."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = batch(3)
+    weights = Tensor((np.random.default_rng(4).standard_normal((2 * G, T)) * completion_mask).astype(np.float32))
+    params = ParameterTuple(local_actor.trainable_params())
+    inputs = (Tensor(prompt_ids), Tensor(prompt_mask), Tensor(completion_ids), weights)
+    recomputed = SharedLoss(local_actor, recompute=True)
+    # every layer Cell, and only those, is marked (MindSpore records it as _has_config_recompute)
+    assert [layer._has_config_recompute for layer in recomputed.forward.layers] == [True] * 3
+    assert not recomputed.forward._has_config_recompute
+    loss_r, grads_r = ms.value_and_grad(recomputed, None, params)(*inputs)
+    loss_s, grads_s = ms.value_and_grad(SharedLoss(local_actor), None, params)(*inputs)
+    assert float(loss_r) == pytest.approx(float(loss_s), rel=1e-6)
+    assert len(grads_r) == len(params) > 3 * 9
+    for param, gr, gs in zip(params, grads_r, grads_s):
+        gr, gs = gr.asnumpy(), gs.asnumpy()
+        scale = np.abs(gs).max()
+        assert scale > 0, param.name  # every Parameter gets a gradient: a real comparison
+        assert np.abs(gr - gs).max() <= 1e-6 * scale, param.name
 
 
 def test_config_demands_whole_groups_and_no_model_parallel():

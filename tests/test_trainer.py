@@ -202,15 +202,21 @@ np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(
     assert [r["step"] for r in rows] == [1, 2, 3]
 
 
-def test_model_parallel_layouts_are_refused_before_loading_anything():
-    """Tensor/pipeline parallelism is not wired in: the trainer says so instead of replicating the model."""
-    from mindgrpo.config import GRPOConfig
+def test_layouts_that_cannot_run_are_refused_before_loading_anything():
+    """Pipeline stages are not implemented, and tensor parallelism needs the shared-prompt forward: both are
+    refused when the config is validated, before any process group or weight."""
+    from mindgrpo.config import ConfigError, GRPOConfig
     from mindgrpo.trainer import GRPOTrainer
 
     config = GRPOConfig()
     config.rl_config.share_prompt = False
-    config.actor_config.parallel_config.model_parallel = 4
-    with pytest.raises(NotImplementedError, match="docs/ascend.md"):
+    config.actor_config.parallel_config.model_parallel = 2
+    with pytest.raises(ConfigError, match="share_prompt: true"):
+        GRPOTrainer(config, check_paths=False)
+    config = GRPOConfig()
+    config.actor_config.parallel_config.model_parallel = 2
+    config.ref_config.parallel_config.model_parallel = 1
+    with pytest.raises(ConfigError, match="ref_config.parallel_config.model_parallel = 1 differs"):
         GRPOTrainer(config, check_paths=False)
 
 

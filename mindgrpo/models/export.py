@@ -1,62 +1,149 @@
 """Export a model back to a Hugging Face folder that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
 
-Written: ``config.json`` (the source config with the stored dtype updated), ``model.safetensors`` under HF names
-(tied models: no ``lm_head.weight``, as ``save_pretrained`` does), ``generation_config.json`` (given, or copied from
+Written: ``config.json`` (the source config with the stored dtype updated), the weights under HF names (tied models:
+no ``lm_head.weight``, as ``save_pretrained`` does), ``generation_config.json`` (given, or copied from
 ``tokenizer_dir``), and the tokenizer files of ``tokenizer_dir``. Everything goes to a hidden temporary folder next
 to ``out_dir`` that is renamed into place at the end, so a crash never leaves a half-written model behind.
+
+The weights go to one ``model.safetensors`` when they fit ``max_shard_size``, else to shards
+``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes},
+"weight_map": {name: file}}``), split the way ``save_pretrained`` splits them (huggingface_hub's
+``split_state_dict_into_shards_factory``): tensors in order, a new shard when the next tensor would overflow the
+current one, a tensor larger than the limit alone in its own shard.
+
+:func:`export_hf` writes a model whose Parameters hold full tensors. :func:`export_hf_arrays` is the layer under
+it: it takes the full shapes and a ``fetch(name)`` that returns one full tensor at a time, so a tensor-parallel run
+can gather each tensor from its ranks just before it is written, and never holds the whole model in one place.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
-from typing import Mapping, Optional, Union
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 import mindspore as ms
 
 from mindgrpo.models.hf_config import (CONFIG_FILE, GENERATION_CONFIG_FILE, check_dtype, qwen2_spec,
                                        read_generation_config)
 from mindgrpo.models.safetensors_io import write_safetensors
-from mindgrpo.models.weights import SINGLE_FILE, hf_parameters, host_array
+from mindgrpo.models.weights import INDEX_FILE, SINGLE_FILE, hf_parameters, host_array
 
 PathLike = Union[str, Path]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json")
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # save_pretrained's default
+_SIZE_UNITS = {"KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,  # decimal, as huggingface_hub
+               "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40, "B": 1}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*$")
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def parse_size(size: Union[int, str]) -> int:
+    """Bytes from an int or a string like ``"5GB"`` (10**9, as transformers), ``"500MiB"`` (2**20) or ``"4096"``."""
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ValueError(f"max_shard_size={size!r}: give a number of bytes or a string like '5GB'")
+    if isinstance(size, int):
+        value = size
+    else:
+        match = _SIZE.match(size)
+        unit = match.group(2).upper() if match else None
+        if not match or (unit and unit not in _SIZE_UNITS):
+            raise ValueError(f"max_shard_size={size!r}: expected a number with an optional unit "
+                             f"({', '.join(u for u in _SIZE_UNITS)}), e.g. '5GB'")
+        value = int(float(match.group(1)) * _SIZE_UNITS[unit or "B"])
+    if value < 1:
+        raise ValueError(f"max_shard_size={size!r}: must be at least one byte")
+    return value
+
+
+def plan_shards(sizes: Mapping[str, int], max_shard_size: int) -> List[List[str]]:
+    """Group tensor names (in order) into shards of at most ``max_shard_size`` bytes, as save_pretrained does."""
+    shards: List[List[str]] = []
+    current: List[str] = []
+    filled = 0
+    for name, nbytes in sizes.items():
+        if nbytes > max_shard_size:  # too big for any shard: alone in its own, as huggingface_hub does
+            shards.append([name])
+            continue
+        if current and filled + nbytes > max_shard_size:
+            shards.append(current)
+            current, filled = [], 0
+        current.append(name)
+        filled += nbytes
+    if current:
+        shards.append(current)
+    return shards
+
+
+def shard_file_name(index: int, count: int) -> str:
+    """transformers' shard name: ``model-00001-of-00003.safetensors`` (``index`` counts from 0)."""
+    return f"model-{index + 1:05d}-of-{count:05d}.safetensors"
 
 
 def _write_json(path: Path, data: Mapping) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
-def _check_fits(model: ms.nn.Cell, hf_config: Mapping) -> None:
+def _check_fits(shapes: Mapping[str, Sequence[int]], hf_config: Mapping) -> None:
     """The config we write must describe the weights we write, or from_pretrained would fail (or worse, not)."""
     spec = qwen2_spec(hf_config, source="hf_config")
-    params = hf_parameters(model)
-    embed = params["model.embed_tokens.weight"].shape
-    tied = "lm_head.weight" not in params
-    layers = 1 + max(int(name.split(".")[2]) for name in params if name.startswith("model.layers."))
-    if (tuple(embed) != (spec.vocab_size, spec.hidden_size) or tied != spec.tie_word_embeddings
+    if "model.embed_tokens.weight" not in shapes:
+        raise ValueError("the weights to export have no model.embed_tokens.weight: pass every weight of the model "
+                         "under its Hugging Face name")
+    embed = tuple(int(n) for n in shapes["model.embed_tokens.weight"])
+    tied = "lm_head.weight" not in shapes
+    layers = 1 + max((int(name.split(".")[2]) for name in shapes if name.startswith("model.layers.")), default=-1)
+    if (embed != (spec.vocab_size, spec.hidden_size) or tied != spec.tie_word_embeddings
             or layers != spec.num_hidden_layers):
         raise ValueError(f"hf_config does not describe this model: it says vocab_size={spec.vocab_size}, "
                          f"hidden_size={spec.hidden_size}, num_hidden_layers={spec.num_hidden_layers}, "
-                         f"tie_word_embeddings={spec.tie_word_embeddings}; the model has embeddings {tuple(embed)}, "
+                         f"tie_word_embeddings={spec.tie_word_embeddings}; the model has embeddings {embed}, "
                          f"{layers} layers, tied={tied}. Pass the config.json the model was built from")
 
 
 def export_hf(model: ms.nn.Cell, out_dir: PathLike, *, hf_config: Mapping, tokenizer_dir: Optional[PathLike] = None,
-              generation_config: Optional[Mapping] = None, dtype: str = "float32", overwrite: bool = False) -> Path:
-    """Write ``model`` as a Hugging Face folder at ``out_dir`` (atomically) and return its path.
+              generation_config: Optional[Mapping] = None, dtype: str = "float32", overwrite: bool = False,
+              max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write ``model`` (whose Parameters hold full tensors) as a Hugging Face folder at ``out_dir`` (atomically)
+    and return its path.
 
     ``hf_config`` is the source ``config.json`` dict (``read_hf_config``); ``dtype`` (float32/bfloat16/float16) is
-    the storage type of the weights. ``overwrite=True`` replaces an existing folder, else that is an error.
+    the storage type of the weights; ``max_shard_size`` (bytes, or a string like ``"5GB"``) is the largest
+    safetensors file before the weights are split into shards. ``overwrite=True`` replaces an existing folder,
+    else that is an error.
+    """
+    params = hf_parameters(model)
+    return export_hf_arrays(out_dir, {name: tuple(p.shape) for name, p in params.items()},
+                            lambda name: host_array(params[name]), hf_config=hf_config, tokenizer_dir=tokenizer_dir,
+                            generation_config=generation_config, dtype=dtype, overwrite=overwrite,
+                            max_shard_size=max_shard_size)
+
+
+def export_hf_arrays(out_dir: PathLike, shapes: Mapping[str, Sequence[int]], fetch: Callable[[str], np.ndarray], *,
+                     hf_config: Mapping, tokenizer_dir: Optional[PathLike] = None,
+                     generation_config: Optional[Mapping] = None, dtype: str = "float32", overwrite: bool = False,
+                     max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write the weights ``{hf_name: full_shape}`` as a Hugging Face folder at ``out_dir`` (atomically).
+
+    ``fetch(hf_name)`` returns that full tensor (any float dtype; converted to ``dtype``). It is called exactly
+    once per name, in the order of ``shapes``, while its file is being written, so only one tensor is held at a
+    time. A fetch that gathers tensor-parallel slices is a collective: the ranks that do not write must run the
+    same gathers in the same order (iterate over ``shapes``). Nothing is fetched when the arguments are refused.
+    Other arguments as in :func:`export_hf`.
     """
     check_dtype("dtype", dtype)
+    limit = parse_size(max_shard_size)
+    shapes = {name: tuple(int(n) for n in shape) for name, shape in shapes.items()}
     out = Path(out_dir).absolute()
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True or choose another folder")
-    _check_fits(model, hf_config)
+    _check_fits(shapes, hf_config)
     tokenizer_files = []
     if tokenizer_dir is not None:
         tokenizer_files = [Path(tokenizer_dir) / name for name in TOKENIZER_FILES
@@ -79,14 +166,27 @@ def export_hf(model: ms.nn.Cell, out_dir: PathLike, *, hf_config: Mapping, token
             _write_json(tmp / GENERATION_CONFIG_FILE, generation_config)
         for path in tokenizer_files:
             shutil.copyfile(path, tmp / path.name)
-        params = hf_parameters(model)
-        write_safetensors(tmp / SINGLE_FILE, {name: tuple(p.shape) for name, p in params.items()},
-                          lambda name: host_array(params[name]), dtype=dtype)
+        _write_weights(tmp, shapes, fetch, dtype, limit)
         _commit(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _write_weights(folder: Path, shapes: Dict[str, Tuple[int, ...]], fetch: Callable[[str], np.ndarray], dtype: str,
+                   max_shard_size: int) -> None:
+    sizes = {name: int(np.prod(shape, dtype=np.int64)) * _ITEMSIZE[dtype] for name, shape in shapes.items()}
+    shards = plan_shards(sizes, max_shard_size)
+    if len(shards) <= 1:
+        write_safetensors(folder / SINGLE_FILE, shapes, fetch, dtype=dtype)
+        return
+    weight_map = {}
+    for index, names in enumerate(shards):
+        file = shard_file_name(index, len(shards))
+        write_safetensors(folder / file, {name: shapes[name] for name in names}, fetch, dtype=dtype)
+        weight_map.update({name: file for name in names})
+    _write_json(folder / INDEX_FILE, {"metadata": {"total_size": sum(sizes.values())}, "weight_map": weight_map})
 
 
 def _commit(tmp: Path, out: Path) -> None:

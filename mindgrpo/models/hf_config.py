@@ -148,7 +148,7 @@ def check_dtype(name: str, value: str) -> str:
 
 
 def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int,
-                 parallel_config: Any = None, overrides: Optional[Mapping[str, Any]] = None):
+                 overrides: Optional[Mapping[str, Any]] = None):
     """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2.
 
     ``overrides`` passes engine settings (``use_past``, ``block_size``, ...) through; keys that define the
@@ -174,8 +174,6 @@ def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_l
         bos_token_id=0 if spec.bos_token_id is None else spec.bos_token_id,
         eos_token_id=0 if spec.eos_token_id is None else spec.eos_token_id,
         use_past=False, is_dynamic=False, checkpoint_name_or_path="")
-    if parallel_config is not None:
-        kwargs["parallel_config"] = parallel_config
     architecture = {"vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
                     "rms_norm_eps", "theta", "tie_word_embeddings", "qkv_has_bias", "use_rope_slice",
                     "compute_dtype", "param_init_type", "embedding_init_type", "seq_length"}

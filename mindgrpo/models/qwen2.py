@@ -12,12 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-from mindspore import Tensor, ops
+import numpy as np
+
+from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
 from mindformers.models.llama import LlamaForCausalLM  # after mindgrpo.models' import preparation
 
 from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
+from mindgrpo.models.qwen2_sharded import Qwen2Shard, full_shapes
+from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.weights import load_hf_weights
 
 PathLike = Union[str, Path]
@@ -94,9 +98,17 @@ class Qwen2CausalLM(LlamaForCausalLM):
         return ops.cast(self.lm_head(hidden), mstype.float32)
 
 
+def _random_init(name: str, shape, rng: np.random.Generator) -> np.ndarray:
+    """Norm scales 1, everything else N(0, 0.02) (HF's ``initializer_range``), drawn for the full tensor."""
+    if name.endswith("norm.weight"):
+        return np.ones(shape, np.float32)
+    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
+
+
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
                 param_dtype: Optional[str] = None, seq_length: int = 2048, load_weights: bool = True,
-                parallel_config: Any = None, llama_overrides: Optional[Mapping[str, Any]] = None) -> LlamaForCausalLM:
+                tp_rank: int = 0, tp_size: int = 1, tp_group: str = "",
+                llama_overrides: Optional[Mapping[str, Any]] = None) -> nn.Cell:
     """Build a Qwen2 model from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
 
     Roles: ``actor`` -> ``Qwen2CausalLM``, trainable. ``reference`` -> ``Qwen2CausalLM`` with every Parameter frozen
@@ -106,8 +118,11 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
 
     ``param_dtype`` defaults to float32 for the actor (optimizer updates need it) and to ``compute_dtype`` for the
     frozen roles (half the memory on Ascend). ``seq_length`` sizes MindFormers' own causal mask (used by
-    ``generate``); the ``Qwen2CausalLM`` forward accepts any length up to the RoPE table. ``parallel_config`` is
-    MindFormers' ``TransformerOpParallelConfig`` (or its dict) for Ascend sharding.
+    ``generate``); the ``Qwen2CausalLM`` forward accepts any length up to the RoPE table.
+
+    Tensor parallelism (``tp_size > 1``, rank ``tp_rank`` of the MindSpore group ``tp_group``): the result is a
+    :class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard` holding only this rank's slices, read straight from the
+    same folder (roles ``actor`` and ``reference``; MindFormers' forward does not run on slices).
 
     Parameters are created without initial values and filled from the checkpoint, so no second copy of the weights
     is made. With ``load_weights=False`` they get MindFormers' random init (tests, benchmarks).
@@ -119,15 +134,30 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
         param_dtype = "float32" if role == "actor" else compute_dtype
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
-    config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=param_dtype, seq_length=seq_length,
-                          parallel_config=parallel_config, overrides=llama_overrides)
-    cls = LlamaForCausalLM if role == "inference" else Qwen2CausalLM
-    with no_init_parameters():  # no random init we would overwrite at once
-        model = cls(config)
-    if load_weights:
-        load_hf_weights(model, model_dir)
+    if tp_size > 1:
+        if role == "inference":
+            raise ValueError("role='inference' (MindFormers' generate) cannot run on tensor-parallel slices; use the "
+                             "native rollout engine")
+        layout = TPLayout.for_hf_config(hf_config, tp_size, tp_rank)
+        shapes = full_shapes(spec)
+        rng = np.random.default_rng(0)
+        # Zeros (calloc'd, not touched) are replaced tensor by tensor when loading; without weights, a fixed
+        # random init of the full tensor sliced per rank, so every layout builds the same model.
+        init = ((lambda name: np.zeros(layout.local_shape(name, shapes[name]), np.float32)) if load_weights else
+                (lambda name: layout.take(name, _random_init(name, shapes[name], rng))))
+        model = Qwen2Shard(spec, layout, tp_group, compute_dtype=compute_dtype, param_dtype=param_dtype, read=init)
+        if load_weights:
+            load_hf_weights(model, model_dir)
     else:
-        model.init_parameters_data()
+        config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=param_dtype, seq_length=seq_length,
+                              overrides=llama_overrides)
+        cls = LlamaForCausalLM if role == "inference" else Qwen2CausalLM
+        with no_init_parameters():  # no random init we would overwrite at once
+            model = cls(config)
+        if load_weights:
+            load_hf_weights(model, model_dir)
+        else:
+            model.init_parameters_data()
     model.hf_config, model.spec, model.role = hf_config, spec, role
     if role != "actor":
         for param in model.get_parameters():

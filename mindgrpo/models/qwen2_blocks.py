@@ -18,6 +18,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from mindgrpo.models.tensor_parallel import TPComm, embed_lookup
+
 MASKED_SCORE = -1e9  # additive bias for masked attention scores; exp() of it underflows to exactly 0 in float32
 
 # Weights in the order the graphs index them: 3 global ones, then each layer's (biases only when present).
@@ -42,10 +44,31 @@ class DecoderSpec:
     rms_norm_eps: float
     rope_theta: float
     qkv_bias: bool
+    tp_size: int = 1
+    """Tensor-parallel ranks the model is split over (this rank holds ``local_*`` of the heads and vocabulary)."""
+    tp_rank: int = 0
+    tp_group: str = ""
+
+    @property
+    def local_heads(self) -> int:
+        return self.num_heads // self.tp_size
+
+    @property
+    def local_kv_heads(self) -> int:
+        return max(1, self.num_kv_heads // self.tp_size)
 
     @property
     def kv_groups(self) -> int:
-        return self.num_heads // self.num_kv_heads
+        """Query heads per KV head on this rank."""
+        return self.local_heads // self.local_kv_heads
+
+    @property
+    def local_vocab(self) -> int:
+        return self.vocab_size // self.tp_size
+
+    @property
+    def vocab_start(self) -> int:
+        return self.tp_rank * self.local_vocab
 
 
 def find_causal_lm(actor: nn.Cell) -> nn.Cell:
@@ -75,11 +98,14 @@ def decoder_weights(actor: nn.Cell) -> Tuple[DecoderSpec, List[Parameter]]:
     if getattr(attn0.wo, "has_bias", False):
         raise NotImplementedError("native rollout expects Qwen2's bias-free o_proj (attn_proj_has_bias=False)")
     num_heads = int(cfg.num_heads)
+    layout = getattr(lm, "tp_layout", None)  # a Qwen2Shard: this rank's slices
     spec = DecoderSpec(
         vocab_size=int(cfg.vocab_size), hidden_size=int(cfg.hidden_size), num_layers=len(body.layers),
         num_heads=num_heads, num_kv_heads=int(cfg.n_kv_heads or num_heads),
         head_dim=int(cfg.hidden_size) // num_heads, rms_norm_eps=float(cfg.rms_norm_eps),
-        rope_theta=float(cfg.theta), qkv_bias=bool(attn0.wq.has_bias))
+        rope_theta=float(cfg.theta), qkv_bias=bool(attn0.wq.has_bias),
+        tp_size=layout.tp if layout else 1, tp_rank=layout.rank if layout else 0,
+        tp_group=getattr(lm, "tp_group", ""))
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
     params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, lm.lm_head.weight]
     for layer in body.layers:
@@ -129,8 +155,12 @@ class Qwen2Blocks(nn.Cell):
         self.weights = weights.params
         self.kv_cache = kv_cache
         self.num_layers, self.hidden = spec.num_layers, spec.hidden_size
-        self.heads, self.kv_heads, self.groups, self.head_dim = (spec.num_heads, spec.num_kv_heads,
+        # this rank's heads (all of them without tensor parallelism)
+        self.heads, self.kv_heads, self.groups, self.head_dim = (spec.local_heads, spec.local_kv_heads,
                                                                  spec.kv_groups, spec.head_dim)
+        self.context_width = self.heads * self.head_dim  # attention output width on this rank
+        self.comm = TPComm(spec.tp_group, spec.tp_size, spec.tp_rank)
+        self.vocab_start = spec.vocab_start
         self.half = spec.head_dim // 2
         self.eps, self.qkv_bias = spec.rms_norm_eps, spec.qkv_bias
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
@@ -171,7 +201,7 @@ class Qwen2Blocks(nn.Cell):
 
     def _embed_t(self, tokens):
         """Embeddings of tokens [rows], feature-major [hidden, rows]."""
-        h = ops.gather(self.weights[0], tokens, 0)
+        h = embed_lookup(self.comm, self.weights[0], tokens, self.vocab_start)
         if self.cast_weights:
             h = ops.cast(h, self.dtype)
         return h.T
@@ -214,19 +244,22 @@ class Qwen2Blocks(nn.Cell):
         return self._compute(x * cos + rotated * sin)
 
     def _attention_out(self, layer: int, hT, ctx):
-        """hT + o_proj(ctx) for the row-major attention output ctx [rows, hidden]."""
-        return hT + ops.matmul(self._w(layer, self.f_wo), ctx.T)
+        """hT + o_proj(ctx) for the row-major attention output ctx [rows, heads * head_dim of this rank]."""
+        return hT + self.comm.reduce_no_grad(ops.matmul(self._w(layer, self.f_wo), ctx.T))
 
     def _mlp(self, layer: int, hT):
         x = self._rms_norm_t(hT, self._w(layer, self.f_norm2))
         gate = ops.matmul(self._w(layer, self.f_w1), x)
-        return hT + ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x))
+        return hT + self.comm.reduce_no_grad(
+            ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x)))
 
     def _logits_t(self, hT):
-        """float32 logits, feature-major [vocab, rows], of feature-major final hidden states hT [hidden, rows]. (The
-        caller transposes on the host: on CPU MindSpore's Transpose of [vocab, rows] costs as much as the product.)"""
+        """float32 logits over the whole vocabulary, feature-major [vocab, rows], of feature-major final hidden
+        states hT [hidden, rows] (gathered over tensor-parallel ranks: the sampler needs every column; only the
+        rows being decoded, never [tokens, vocab]). The caller transposes on the host: on CPU MindSpore's
+        Transpose of [vocab, rows] costs as much as the product."""
         x = self._rms_norm_t(hT, self._param(1))
-        return self._f32(ops.matmul(self._param(2), x))
+        return self.comm.gather_slots(self._f32(ops.matmul(self._param(2), x)), 0)
 
     def _attend(self, q, k, v, bias):
         """Grouped attention: q [b, kv_heads, groups*s, d], k/v [b, kv_heads, t, d], bias broadcast to scores."""
@@ -241,7 +274,7 @@ class Qwen2Blocks(nn.Cell):
     # time on column slices, so they need no such table. (The decode graph keeps the feature-major blocks above:
     # its tensors are a few rows, and it is bound by kernel launches, which Tile would add.)
     def _embed_rows(self, tokens):
-        return self._compute(ops.gather(self.weights[0], tokens, 0))
+        return self._compute(embed_lookup(self.comm, self.weights[0], tokens, self.vocab_start))
 
     def _rope_rows(self, positions):
         """cos/sin [rows, heads + kv_heads, head_dim] for flat positions, shared by every layer."""
@@ -263,8 +296,8 @@ class Qwen2Blocks(nn.Cell):
         return y
 
     def _qkv_rows(self, layer: int, x, cos, sin):
-        """RoPE'd q [rows, heads, d], k [rows, kv_heads, d] and v [rows, kv_heads, d]."""
-        h = self._rms_norm_rows(x, self._w(layer, self.f_norm1))
+        """RoPE'd q [rows, heads, d], k [rows, kv_heads, d] and v [rows, kv_heads, d] (this rank's heads)."""
+        h = self.comm.enter(self._rms_norm_rows(x, self._w(layer, self.f_norm1)))
         use_bias = self.qkv_bias
         rows = h.shape[0]
         qk = ops.concat((self._linear_rows(layer, self.f_wq, h, self.f_bq if use_bias else -1),
@@ -274,16 +307,18 @@ class Qwen2Blocks(nn.Cell):
         return qk[:, :self.heads], qk[:, self.heads:], v.reshape((rows, self.kv_heads, self.head_dim))
 
     def _attention_out_rows(self, layer: int, x, ctx):
-        return x + self.matmul_t(ctx, self._w(layer, self.f_wo))
+        return x + self.comm.reduce(self.matmul_t(ctx, self._w(layer, self.f_wo)))
 
     def _mlp_rows(self, layer: int, x):
-        h = self._rms_norm_rows(x, self._w(layer, self.f_norm2))
+        h = self.comm.enter(self._rms_norm_rows(x, self._w(layer, self.f_norm2)))
         gate = self._linear_rows(layer, self.f_w1, h)
-        return x + self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h), self._w(layer, self.f_w2))
+        return x + self.comm.reduce(self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h),
+                                                  self._w(layer, self.f_w2)))
 
     def _logits_rows(self, x):
-        """float32 logits [rows, vocab] of final hidden states x [rows, hidden]."""
-        return self._f32(self.matmul_t(self._rms_norm_rows(x, self._param(1)), self._param(2)))
+        """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
+        parallelism each rank projects onto its own vocabulary slice (see mindgrpo.models.tensor_parallel)."""
+        return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._param(2)))
 
     def _scores_softmax(self, scores, bias):
         return self._compute(self.softmax(self._f32(scores) * self.scale + bias))

@@ -86,15 +86,25 @@ class SafetensorsReader:
     def dtype(self, name: str) -> str:
         return self._entries[name]["dtype"]
 
-    def read(self, name: str) -> np.ndarray:
-        """A fresh (writable, not file-backed) array: float32 for float tensors, the stored type otherwise."""
+    def read(self, name: str, part=None) -> np.ndarray:
+        """A fresh (writable, not file-backed) array: float32 for float tensors, the stored type otherwise.
+
+        ``part`` (a :class:`~mindgrpo.models.shard_layout.Shard`) reads only that slice of the tensor, through a
+        memory map, so a tensor-parallel rank never holds a full tensor it does not need (as
+        ``safe_open(...).get_slice`` does)."""
         entry = self._entries[name]
         begin, end = entry["data_offsets"]
-        stored = np.empty(entry["shape"], dtype=_STORAGE[entry["dtype"]])
-        with open(self.path, "rb") as f:
-            f.seek(self._data_start + begin)
-            if stored.size and f.readinto(memoryview(stored.reshape(-1)).cast("B")) != end - begin:
-                raise SafetensorsError(f"{self.path}: tensor {name!r} is cut short; the file is truncated")
+        if part is not None:
+            mapped = np.memmap(self.path, dtype=_STORAGE[entry["dtype"]], mode="r", offset=self._data_start + begin,
+                               shape=tuple(entry["shape"]))
+            stored = np.array(part.take(mapped))  # copies only the slice's bytes out of the map
+            del mapped
+        else:
+            stored = np.empty(entry["shape"], dtype=_STORAGE[entry["dtype"]])
+            with open(self.path, "rb") as f:
+                f.seek(self._data_start + begin)
+                if stored.size and f.readinto(memoryview(stored.reshape(-1)).cast("B")) != end - begin:
+                    raise SafetensorsError(f"{self.path}: tensor {name!r} is cut short; the file is truncated")
         if entry["dtype"] == "BF16":
             return bf16_bits_to_f32(stored)
         if entry["dtype"] in ("F16", "F64"):

@@ -18,6 +18,9 @@ prompt's last token for ``t = 0``), so the vocabulary is projected only where lo
 log-probs equal the unshared MindFormers forward (``tests/test_shared_prompt.py``).
 
 The blocks are :class:`Qwen2Blocks`' row-major, table-free ones (see there why that matters for memory on CPU).
+Each decoder layer is its own small Cell (:class:`SharedPromptLayer`, over the same Parameters), so
+``recompute=True`` (``actor_config.recompute``) can mark each one with ``Cell.recompute()``: the backward then keeps
+only every layer's input hidden state and recomputes one layer's activations at a time from it.
 
 CPU and data parallel only: this forward has no sharding strategies, so tensor- or pipeline-parallel layouts on
 Ascend keep MindFormers' forward (``rl_config.share_prompt: false``).
@@ -35,12 +38,19 @@ class SharedPromptForward(Qwen2Blocks):
 
     ``prompt_mask`` is 1 on real prompt tokens (prompts left-padded); completion ``i`` belongs to prompt
     ``i // G``. Completion padding after EOS needs no mask: a completion's pads are seen only by its own later
-    pads, whose log-probs the loss masks out anyway.
+    pads, whose log-probs the loss masks out anyway. ``recompute`` recomputes each decoder layer in the backward
+    instead of keeping its activations (same gradients, one more forward of the layers, far less memory).
     """
 
-    def __init__(self, model: nn.Cell, num_generations: int, max_positions: int):
-        super().__init__(Qwen2Weights(model), max_positions, ParameterTuple(()))
+    def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False):
+        weights = Qwen2Weights(model)
+        super().__init__(weights, max_positions, ParameterTuple(()))
         self.group = num_generations
+        self.layers = nn.CellList([SharedPromptLayer(weights, i, num_generations)
+                                   for i in range(self.num_layers)], auto_prefix=False)
+        if recompute:
+            for layer in self.layers:
+                layer.recompute()
 
     def construct(self, prompt_ids, prompt_mask, completion_ids):
         ng, p = prompt_ids.shape
@@ -56,15 +66,10 @@ class SharedPromptForward(Qwen2Blocks):
         x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
         bias_prompt = self._causal_bias_rows(valid, p)
         bias_completion = self._completion_bias(valid, p, t)
-        split = ng * p
-        for i in range(self.num_layers):
-            q, k, v = self._qkv_rows(i, x, cos, sin)  # q [rows, heads, d], k [rows, kv, d], v [rows, kv, d]
-            ctx_prompt = self._causal_attention_rows(q[:split], k[:split], v[:split], bias_prompt, ng, p)
-            ctx_completion = self._completion_attention(q[split:], k[split:], v[split:], k[:split], v[:split],
-                                                        bias_completion, ng, p, t)
-            x = self._mlp_rows(i, self._attention_out_rows(i, x, ops.concat((ctx_prompt, ctx_completion), 0)))
+        for layer in self.layers:
+            x = layer(x, cos, sin, bias_prompt, bias_completion)
         # The state at position j predicts token j + 1: the prompt's last token predicts each completion's first.
-        hidden = x.shape[1]
+        split, hidden = ng * p, x.shape[1]
         last_prompt = ops.tile(x[:split].reshape((ng, 1, p, hidden))[:, :, p - 1:], (1, g, 1, 1))  # [NG, G, 1, H]
         completion = x[split:].reshape((ng, g, t, hidden))[:, :, :t - 1]
         predict = ops.concat((last_prompt, completion), 2).reshape((n * t, hidden))
@@ -80,6 +85,28 @@ class SharedPromptForward(Qwen2Blocks):
         causal_t = ops.tile(ops.tril(ops.ones((t, t), ms.float32)).reshape((t, 1, t)), (1, grp, 1))
         own_keys = ops.tile(causal_t.reshape((1, t * grp, t)), (ng * g, 1, 1))
         return (ops.concat((prompt_keys, own_keys), 2) - 1.0) * (-MASKED_SCORE)
+
+
+class SharedPromptLayer(Qwen2Blocks):
+    """Decoder layer ``index`` of :class:`SharedPromptForward`: ``(x [NG*P + NG*G*T, hidden], cos, sin, bias_prompt
+    [NG, P*groups, P], bias_completion [NG*G, T*groups, P+T])`` -> the layer's output hidden states (prompt rows,
+    then completion rows). It holds the same :class:`Qwen2Weights` ParameterTuple (no copy, names unchanged) and no
+    RoPE table of its own (``cos``/``sin`` come in per row), so one Cell per layer costs nothing but lets
+    ``Cell.recompute()`` mark exactly one layer."""
+
+    def __init__(self, weights: Qwen2Weights, index: int, num_generations: int):
+        super().__init__(weights, 1, ParameterTuple(()))
+        self.index, self.group = index, num_generations
+
+    def construct(self, x, cos, sin, bias_prompt, bias_completion):
+        ng, p = bias_prompt.shape[0], bias_prompt.shape[2]
+        t = bias_completion.shape[2] - p
+        split, i = ng * p, self.index
+        q, k, v = self._qkv_rows(i, x, cos, sin)  # q [rows, heads, d], k [rows, kv, d], v [rows, kv, d]
+        ctx_prompt = self._causal_attention_rows(q[:split], k[:split], v[:split], bias_prompt, ng, p)
+        ctx_completion = self._completion_attention(q[split:], k[split:], v[split:], k[:split], v[:split],
+                                                    bias_completion, ng, p, t)
+        return self._mlp_rows(i, self._attention_out_rows(i, x, ops.concat((ctx_prompt, ctx_completion), 0)))
 
     def _completion_attention(self, q, k, v, k_prompt, v_prompt, bias, ng: int, p: int, t: int):
         """Completion queries over [group's prompt keys | own causal keys]: q [N*T, heads, d] -> [N*T, hidden].

@@ -173,22 +173,34 @@ def _assign(param: Parameter, array: np.ndarray) -> None:
 
 
 def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike) -> None:
-    """Load a Hugging Face safetensors checkpoint (single file or sharded; F32/F16/BF16) into ``model``, strictly."""
+    """Load a Hugging Face safetensors checkpoint (single file or sharded; F32/F16/BF16) into ``model``, strictly.
+
+    A tensor-parallel shard (a model with a ``tp_layout``, :class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`)
+    reads only its own slice of each tensor, from the same full-size files, so one folder serves every layout."""
     files = checkpoint_files(model_dir)
     readers = {path: SafetensorsReader(path) for path in set(files.values())}
     params = hf_parameters(model)
     tied = "lm_head.weight" not in params
+    layout = getattr(model, "tp_layout", None)
+
+    def part(name: str):
+        return None if layout is None else layout.shard(name, readers[files[name]].shape(name))
+
+    def stored_shape(name: str):
+        shape = readers[files[name]].shape(name)
+        return shape if layout is None else layout.local_shape(name, shape)
+
     source = ", ".join(sorted(str(p) for p in readers))
-    _check_names(params, {name: readers[path].shape(name) for name, path in files.items()}, tied, source)
+    _check_names(params, {name: stored_shape(name) for name in files}, tied, source)
     by_file = defaultdict(list)
     for name, path in files.items():
         by_file[path].append(name)
     for path, names in sorted(by_file.items()):
         for name in names:
             if name in params:
-                _assign(params[name], readers[path].read(name))
+                _assign(params[name], readers[path].read(name, part(name)))
     if tied and "lm_head.weight" in files:
-        stored = readers[files["lm_head.weight"]].read("lm_head.weight")
+        stored = readers[files["lm_head.weight"]].read("lm_head.weight", part("lm_head.weight"))
         if not np.array_equal(stored, host_array(params["model.embed_tokens.weight"])):
             raise CheckpointMismatchError(
                 f"{files['lm_head.weight']}: config.json says tie_word_embeddings=true, but lm_head.weight differs "
@@ -221,9 +233,9 @@ def sync_weights(src: ms.nn.Cell, dst: ms.nn.Cell) -> int:
 
     Parameters that are the same object (a shared cell) are skipped, so syncing a model with itself is free.
     Non-weight parameters of ``dst`` (KV caches) are left alone. Both sides must hold the same weights at the same
-    shapes. Ascend: when training and inference use different parallel layouts, their Parameters are different
-    slices, and this is the point where resharding has to happen (MindRLHF does it with a compiled redistribution
-    graph); that path is not available on CPU, and a layout mismatch raises here instead of copying wrong slices.
+    shapes, i.e. the same layout: this function never reshards, and different shapes (another tensor-parallel
+    slicing) are an error rather than a copy of the wrong slices. The vllm backend, whose layout differs from the
+    training one, reshards with :mod:`mindgrpo.rollout.resharding` instead.
     """
     src_params, dst_params = hf_parameters(src), hf_parameters(dst)
     if set(src_params) != set(dst_params):
@@ -237,8 +249,8 @@ def sync_weights(src: ms.nn.Cell, dst: ms.nn.Cell) -> int:
             continue
         if tuple(target.shape) != tuple(source.shape) or target.sliced != source.sliced:
             raise CheckpointMismatchError(
-                f"sync_weights: {name} is {tuple(source.shape)} in src and {tuple(target.shape)} in dst; copying "
-                "between different parallel layouts needs Ascend resharding, which mindgrpo does not do here")
+                f"sync_weights: {name} is {tuple(source.shape)} in src and {tuple(target.shape)} in dst; "
+                "sync_weights copies between models of the same layout only (it does not reshard)")
         target.set_data(source.value().astype(target.dtype).copy())
         copied += 1
     return copied

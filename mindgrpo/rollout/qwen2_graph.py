@@ -56,7 +56,8 @@ class PrefillGraph(Qwen2Blocks):
             v_cache = ops.concat((ops.gather(ops.concat(v_heads, 1), rows, 0), tail), 2)
             writes += (ops.assign(self.kv_cache[2 * i], k_cache), ops.assign(self.kv_cache[2 * i + 1], v_cache))
         last = x.reshape((p, s, self.hidden))[:, s - 1]  # each prompt's last token
-        return ops.depend(self._logits_rows(last), writes)
+        # the sampler needs every column: gather the vocabulary slices of the P prompts' last tokens
+        return ops.depend(self.comm.gather_slots(self._logits_rows(last), 1), writes)
 
 
 class DecodeGraph(Qwen2Blocks):
@@ -90,7 +91,7 @@ class DecodeGraph(Qwen2Blocks):
             v = v.reshape((b, self.kv_heads, self.head_dim))
             v_cache = ops.depend(self.kv_cache[2 * i + 1], self.scatter(self.kv_cache[2 * i + 1], slot, v))
             ctx = self._attend(q.reshape((b, self.kv_heads, self.groups, self.head_dim)), k_cache, v_cache, bias)
-            hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((b, self.hidden))))
+            hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((b, self.context_width))))
         return self._logits_t(hT)
 
 
@@ -116,19 +117,20 @@ class FusedDecodeGraph(DecodeGraph):
                                     ops.matmul(self._w(i, self.f_wv), x), self._w(i, self.f_bq),
                                     self._w(i, self.f_bk), self._w(i, self.f_bv), self.cos, self.sin, positions,
                                     start, write_pos, self.kv_cache[2 * i], self.kv_cache[2 * i + 1])  # [hidden, B]
-            hT, x = self.add_rms_norm_op(hT, ops.matmul(self._w(i, self.f_wo), ctx), self._w(i, self.f_norm2),
-                                         self.eps_tensor)
+            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_wo), ctx)),
+                                         self._w(i, self.f_norm2), self.eps_tensor)
             up = self.silu_mul_op(ops.matmul(self._w(i, self.f_w1), x), ops.matmul(self._w(i, self.f_w3), x))
             # the next layer's input norm, or the final norm after the last layer
             norm = self._w(i + 1, self.f_norm1) if i + 1 < self.num_layers else self._param(1)
-            hT, x = self.add_rms_norm_op(hT, ops.matmul(self._w(i, self.f_w2), up), norm, self.eps_tensor)
-        return ops.matmul(self._param(2), x)  # float32 logits [vocab, B], as DecodeGraph
+            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_w2), up)), norm,
+                                         self.eps_tensor)
+        return self.comm.gather_slots(ops.matmul(self._param(2), x), 0)  # float32 logits [vocab, B], as DecodeGraph
 
 
 def new_kv_cache(weights: Qwen2Weights, batch: int, cache_len: int, tag: str) -> ParameterTuple:
     """Zeroed K and V cache Parameters [batch, kv_heads, cache_len, head_dim] per layer, uniquely named."""
     spec = weights.spec
-    shape = (batch, spec.num_kv_heads, cache_len, spec.head_dim)
+    shape = (batch, spec.local_kv_heads, cache_len, spec.head_dim)
     return ParameterTuple([
         Parameter(Tensor(np.zeros(shape, np.float32), weights.compute_dtype),
                   name=f"rollout_kv_cache.{tag}.{kind}{layer}", requires_grad=False)

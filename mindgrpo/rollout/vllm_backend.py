@@ -1,8 +1,9 @@
 """The ``vllm`` rollout backend: vllm-mindspore on Ascend NPUs.
 
-Ascend only, and untested in mindgrpo's CI: vllm-mindspore does not import on CPU, so this adapter is written
-against vLLM's public ``LLM`` / ``SamplingParams`` / ``TokensPrompt`` API and MindRLHF's way of reaching the
-MindSpore network inside vllm-mindspore, and is only exercised here for its missing-package error.
+Ascend only, and it has never run: vllm-mindspore does not import on CPU, so this adapter is written against
+vLLM's public ``LLM`` / ``SamplingParams`` / ``TokensPrompt`` API and MindRLHF's way of reaching the MindSpore
+network inside vllm-mindspore. mindgrpo's tests exercise its missing-package error and its weight sync
+(:func:`sync_into_vllm`, into a fake network laid out as vLLM's), nothing else.
 
 Differences from the native backend:
 
@@ -10,13 +11,20 @@ Differences from the native backend:
   distribution before temperature/top-k/top-p; newer vLLM accepts ``logprobs_mode="processed_logprobs"``, pass it
   through ``llm_options`` when available);
 * ``seed`` seeds vLLM's per-request generator, so completions differ from the native backend's for the same seed;
-* ``sync_weights`` copies the actor's weights by MindFormers name into the network vllm-mindspore serves, which
-  works with its MindFormers model backend (``vLLM_MODEL_BACKEND=MindFormers``, as MindRLHF runs it).
+* ``sync_weights`` reshards the actor's weights from the training layout (tensor parallel ``a``) to vLLM's
+  (``tensor_parallel_size = b``, merged ``qkv_proj`` / ``gate_up_proj``; :mod:`mindgrpo.rollout.resharding`) and
+  writes them into vllm-mindspore's native Qwen2 model (its default for ``Qwen2ForCausalLM``; do not set
+  ``VLLM_MS_MODEL_BACKEND=MindFormers``, whose network has other parameter names).
+* Under msrun every process runs one vLLM rank (``distributed_executor_backend="external_launcher"``, as MindRLHF's
+  ``InferWorker`` does), so vLLM's tensor-parallel groups are runs of ``b`` consecutive ranks, like the training
+  ones; each process reshards only its own vLLM rank's weights.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+import dataclasses
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
+import numpy as np
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
                                   assemble_result, check_request, eos_tuple)
@@ -45,7 +53,8 @@ class VllmRolloutEngine:
                  max_batch_size: int = 32, model_dir: Optional[str] = None, max_model_len: int = 0,
                  max_tokens: int = 512, gpu_memory_utilization: float = 0.9, block_size: int = 32,
                  tensor_parallel_size: int = 1, dtype: str = "bfloat16", seed: int = 0,
-                 llm_options: Optional[dict] = None):
+                 llm_options: Optional[dict] = None, train_layout: Any = None,
+                 gather: Optional[Callable[[str, np.ndarray], Sequence[np.ndarray]]] = None):
         """
         Args:
             model_dir: Hugging Face folder vLLM loads its weights, config and tokenizer from (required).
@@ -53,12 +62,27 @@ class VllmRolloutEngine:
             max_tokens: longest completion planned (only sizes ``max_model_len``).
             gpu_memory_utilization, block_size, tensor_parallel_size, dtype, seed: vLLM's ``LLM`` arguments.
             llm_options: further keyword arguments for ``vllm.LLM``.
+            train_layout: this rank's training :class:`~mindgrpo.models.shard_layout.TPLayout` (the slices the
+                actor's Parameters hold); None means the actor's ``tp_layout``, or a full model (tensor parallel 1)
+                when it has none.
+            gather: ``gather(hf_name, piece)`` -> the training tensor-parallel group's pieces in rank order; None
+                means :func:`mindgrpo.distributed.all_gather` over that group.
             Other arguments as in :func:`mindgrpo.rollout.build_rollout_engine`.
         """
         vllm = import_vllm()
         if not model_dir:
             raise ValueError("the vllm backend needs model_dir: the Hugging Face folder vLLM loads the model from")
+        from mindgrpo.distributed import launched_by_msrun
+        from mindgrpo.models import read_hf_config
+        from mindgrpo.models.shard_layout import TPLayout
+
         self.actor = actor
+        self.train_layout = (train_layout or getattr(actor, "tp_layout", None)
+                             or TPLayout.for_hf_config(read_hf_config(model_dir), 1, 0))
+        self.gather = gather or _tp_gather(self.train_layout.tp)
+        options = dict(llm_options or {})
+        if launched_by_msrun():  # one vLLM rank per msrun process (MindRLHF's InferWorker does the same)
+            options.setdefault("distributed_executor_backend", "external_launcher")
         self.eos_ids = eos_tuple(eos_token_id)
         self.pad_token_id = int(pad_token_id)
         self.max_prompt_length = int(max_prompt_length)
@@ -66,12 +90,17 @@ class VllmRolloutEngine:
                             block_size=block_size, max_num_seqs=max_batch_size,
                             max_model_len=max_model_len or (self.max_prompt_length + max_tokens),
                             gpu_memory_utilization=gpu_memory_utilization, seed=seed,
-                            enable_prefix_caching=False, **(llm_options or {}))
+                            enable_prefix_caching=False, **options)
         self.vocab_size = int(self.llm.llm_engine.model_config.get_vocab_size())
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        self.vllm_layout = dataclasses.replace(self.train_layout, tp=tensor_parallel_size,
+                                               rank=get_tensor_model_parallel_rank())
         self.sync_weights()
 
     def _served_network(self) -> Any:
-        """The MindSpore network vllm-mindspore runs (the attribute path MindRLHF uses)."""
+        """The model vllm-mindspore runs (MindRLHF's attribute path; native models are ``model_runner.model``
+        itself, MindFormers-backend ones wrap a ``.network``)."""
         try:
             runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
         except AttributeError as err:
@@ -81,9 +110,11 @@ class VllmRolloutEngine:
         return getattr(runner.model, "network", runner.model)
 
     def sync_weights(self) -> None:
-        """Copy the actor's current weights into the network vLLM serves."""
-        from mindgrpo.models import sync_weights
-        sync_weights(self.actor, self._served_network())
+        """Reshard the actor's current weights into this process's vLLM rank."""
+        from mindgrpo.models import hf_parameters
+
+        sync_into_vllm(hf_parameters(self.actor), self._served_network(), source=self.train_layout,
+                       target=self.vllm_layout, gather=self.gather)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
         vllm = import_vllm()
@@ -110,3 +141,64 @@ class VllmRolloutEngine:
                     logprobs.append([float(step[t].logprob) for t, step in zip(ids, sample.logprobs)])
         return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens,
                                self.pad_token_id)
+
+
+def _tp_gather(train_tp: int) -> Callable[[str, np.ndarray], Sequence[np.ndarray]]:
+    """Gather a training tensor's pieces over the training tensor-parallel group (identity for one rank)."""
+    if train_tp == 1:
+        return lambda name, piece: [piece]
+    from mindgrpo.distributed import TP, all_gather, init_distributed
+
+    info = init_distributed(train_tp)
+    return lambda name, piece: list(all_gather(piece, info, over=TP))
+
+
+def _served_parameters(network: Any) -> Mapping[str, Any]:
+    """Name -> Parameter of the served model: vllm-mindspore's native models list theirs with ``get_params_dict``
+    (``model.layers.N...``, ``lm_head.weight``); a plain Cell with ``parameters_and_names``."""
+    if hasattr(network, "get_params_dict"):
+        return network.get_params_dict()
+    return dict(network.parameters_and_names())
+
+
+def sync_into_vllm(weights: Mapping[str, Any], network: Any, *, source: Any, target: Any,
+                   gather: Callable[[str, np.ndarray], Sequence[np.ndarray]]) -> int:
+    """Write this rank's vLLM weights, resharded from the training pieces, into ``network``; returns how many
+    Parameters were written.
+
+    Args:
+        weights: the actor's Parameters by HF name (``hf_parameters(actor)``): this training rank's pieces.
+        network: the served model (vllm-mindspore's native Qwen2, or anything with ``get_params_dict()`` or
+            ``parameters_and_names()`` under vLLM's names).
+        source, target: the training layout of this rank and the vLLM layout of this rank (``TPLayout``).
+        gather: ``gather(hf_name, piece)`` -> the training tensor-parallel group's pieces in rank order.
+
+    Every vLLM tensor must exist in ``network`` at the expected shape (the error names the first that does not),
+    and every ``.weight`` / ``.bias`` Parameter of ``network`` must have been written (tied models: ``lm_head`` is
+    the embedding's Parameter). Values are cast to each Parameter's dtype.
+    """
+    import mindspore as ms
+    from mindgrpo.models.weights import CheckpointMismatchError, host_array
+    from mindgrpo.rollout.resharding import rank_to_vllm
+
+    served = _served_parameters(network)
+    local = {name: (lambda param=param: host_array(param)) for name, param in weights.items()}
+    written = set()
+    for name, array in rank_to_vllm(local, gather, source, target):
+        param = served.get(name)
+        if param is None:
+            raise CheckpointMismatchError(f"vllm weight sync: the served model has no parameter {name!r} (is "
+                                          "VLLM_MS_MODEL_BACKEND set to another backend than native?)")
+        if tuple(param.shape) != tuple(array.shape):
+            raise CheckpointMismatchError(
+                f"vllm weight sync: {name} is {tuple(param.shape)} in vLLM rank {target.rank} of {target.tp}, the "
+                f"resharded tensor is {tuple(array.shape)}: generate_config.parallel_config.model_parallel must "
+                "equal vLLM's tensor_parallel_size")
+        param.set_data(ms.Tensor(np.ascontiguousarray(array, dtype=np.float32)).astype(param.dtype))
+        written.add(id(param))
+    left = sorted(name for name, param in served.items()
+                  if name.endswith((".weight", ".bias")) and id(param) not in written)
+    if left:
+        raise CheckpointMismatchError(f"vllm weight sync: nothing was written to {', '.join(left[:8])} of the "
+                                      "served model: it is not the Qwen2 model the actor is")
+    return len(written)

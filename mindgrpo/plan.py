@@ -1,0 +1,495 @@
+"""``python -m mindgrpo plan``: per-rank memory of every parallel layout of a run, and the one to use.
+
+    python -m mindgrpo plan --config grpo.yaml --workers 8 --device-memory 64GB [--model HF_FOLDER] [--json]
+                            [group.key=value ...]
+
+For each layout ``data_parallel x model_parallel`` (``pipeline_stage`` 1) that multiplies to the worker count and
+that the model's shape can be split over (:meth:`~mindgrpo.models.shard_layout.TPLayout.problems`), the planner
+adds up what one rank holds at its peak, in bytes:
+
+* **weights**: float32 master weights of the rank's tensor-parallel slice (:class:`TPLayout`: heads, KV heads,
+  vocabulary and intermediate size split by ``model_parallel``; norms replicated; KV heads replicated when there are
+  fewer of them than ranks). ``n`` below is that slice's parameter count: ``weights = 4 n``.
+* **gradients**: one float32 accumulator per parameter: ``4 n``.
+* **optimizer**: AdamW's two float32 moments, ``8 n``; with ZeRO-1 (``parallel_config.optimizer_shard``, on by
+  default) each data-parallel rank keeps them for the whole parameters it owns
+  (:func:`mindgrpo.optim_state.owner_ranks`, about ``n / dp``): ``8 x`` the largest rank's share.
+* **reference**: the frozen reference model (only when ``rl_config.beta > 0``), sliced the same way, in
+  ``ref_config.compute_dtype``: ``bytes(dtype) n``.
+* **kv_cache**: the native rollout engine's K and V per layer, kept between steps:
+  ``2 L B kv_l (P + round_up(T, 32)) d c`` with ``B = infer_model_batch_size``, ``kv_l`` the rank's KV heads,
+  ``c`` the actor's compute-dtype bytes. With ``generate_config.backend: vllm`` it is vLLM's whole pool (its own
+  weights and KV cache) of ``gpu_memory_utilization x device memory``: vLLM sizes it from the device, beside what
+  the training side already holds (mindgrpo does not offload training state during rollouts).
+* **activations**: the peak of one training micro-batch's forward + backward, or of a no-grad scoring forward
+  (reference and old log-probs at ``ref_config.ref_model_batch_size``) when that is larger; both without and with
+  recompute, see :func:`activation_bytes`.
+* **update**: the optimizer step's temporaries, after the activations are gone: the data-parallel-reduced
+  gradients and their clipped copy, alive together before they are written back: ``2 x gradients``.
+
+``total`` is the resident parts (weights, gradients, optimizer, kv_cache, reference) plus the larger of the
+activations (the figure of the config's ``actor_config.recompute``) and the update. A layout **fits** when
+``total <= HEADROOM x device memory``: the other 10 % is for what the sum does not model (the framework runtime,
+communication buffers, workspace, compiled graphs, fragmentation). The
+**recommended** layout is the fitting one with the smallest ``model_parallel`` (less communication per token), ties
+to the most headroom. Device sizes are binary: ``64GB`` = ``64GiB`` = ``65536MB`` (an Ascend 910B's 64 GB of HBM
+is 64 GiB; ``npu-smi`` reports 65536 MB).
+
+Arithmetic on ``config.json`` and the config: no weights are read and nothing is built, so it plans a 7B run on a
+laptop. :func:`plan_layouts` is the whole planner as a function; :func:`model_state_bytes`, :func:`activation_bytes`
+and :func:`layout_bytes` are its parts, for checking against measured memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+from typing import Dict, List, Mapping, Optional, Sequence
+
+HEADROOM = 0.9  # share of device memory the modelled parts may take; the rest is framework, workspace, graphs
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+LOGIT_COPIES_TRAIN = 4  # float32 [tokens, vocab/tp]: logits, log-softmax, softmax (entropy), their gradient
+LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
+DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/native.py)
+UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (policy.ReduceAndClip), before the write-back
+PARTS = ("weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
+         "reference")
+_UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+class PlanError(ValueError):
+    """Bad planner input (a size, a missing model folder); the message says what to pass instead."""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sizes
+
+def parse_bytes(text) -> int:
+    """``"64GB"``, ``"64GiB"``, ``"65536MB"``, ``"64 g"``, ``"68719476736"`` -> bytes (binary units, see above)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(i?b)?\s*", str(text), re.IGNORECASE)
+    if not match or (match.group(3) and match.group(3).lower() == "ib" and not match.group(2)):
+        raise PlanError(f"device memory {text!r} is not a size: write it like 64GB, 64GiB, 65536MB or a number of "
+                        "bytes (units are binary: 1GB = 1GiB = 1024 MB)")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value < 1:
+        raise PlanError(f"device memory {text!r} must be more than 0 bytes")
+    return int(round(value))
+
+
+def format_bytes(n: float) -> str:
+    """Binary units with one decimal: ``61.0 GiB``, ``352.0 MiB``."""
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The model
+
+def hf_tensor_shapes(hf_config: Mapping) -> Dict[str, tuple]:
+    """Every Qwen2 weight by its Hugging Face name, with its full ``[out, in]`` shape, from config.json alone."""
+    hidden, heads = int(hf_config["hidden_size"]), int(hf_config["num_attention_heads"])
+    kv = int(hf_config.get("num_key_value_heads") or heads)
+    d = int(hf_config.get("head_dim") or hidden // heads)
+    vocab, inter = int(hf_config["vocab_size"]), int(hf_config["intermediate_size"])
+    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
+    for i in range(int(hf_config["num_hidden_layers"])):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (heads * d, hidden), p + "self_attn.q_proj.bias": (heads * d,),
+            p + "self_attn.k_proj.weight": (kv * d, hidden), p + "self_attn.k_proj.bias": (kv * d,),
+            p + "self_attn.v_proj.weight": (kv * d, hidden), p + "self_attn.v_proj.bias": (kv * d,),
+            p + "self_attn.o_proj.weight": (hidden, heads * d),
+            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter)})
+    if not hf_config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def tp_layout(hf_config: Mapping, model_parallel: int):
+    """Rank 0's :class:`TPLayout` (every rank holds equally many parameters), unvalidated: see ``.problems()``."""
+    from mindgrpo.models.shard_layout import TPLayout
+
+    heads = int(hf_config["num_attention_heads"])
+    return TPLayout(tp=model_parallel, rank=0, num_heads=heads,
+                    num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
+                    head_dim=int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads),
+                    vocab_size=int(hf_config["vocab_size"]), intermediate_size=int(hf_config["intermediate_size"]))
+
+
+def local_sizes(hf_config: Mapping, model_parallel: int = 1) -> List[int]:
+    """Element count of each parameter one tensor-parallel rank holds, through the loader's own slicing rule."""
+    layout = tp_layout(hf_config, model_parallel)
+    return [math.prod(layout.local_shape(name, shape)) for name, shape in hf_tensor_shapes(hf_config).items()]
+
+
+def local_parameters(hf_config: Mapping, model_parallel: int = 1) -> int:
+    """Parameters one tensor-parallel rank holds."""
+    return sum(local_sizes(hf_config, model_parallel))
+
+
+def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
+                      optimizer_shard: bool = True) -> int:
+    """Parameters whose AdamW moments the busiest rank keeps: all of its slice, or under ZeRO-1 the largest share
+    :func:`~mindgrpo.optim_state.owner_ranks` gives one data-parallel rank (whole parameters, about 1/dp)."""
+    sizes = local_sizes(hf_config, model_parallel)
+    if not optimizer_shard or data_parallel == 1:
+        return sum(sizes)
+    from mindgrpo.optim_state import owner_ranks
+
+    loads = [0] * data_parallel
+    for size, owner in zip(sizes, owner_ranks(sizes, data_parallel)):
+        loads[owner] += size
+    return max(loads)
+
+
+def model_state_bytes(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
+                      optimizer_shard: bool = True, reference_dtype: Optional[str] = None) -> Dict[str, int]:
+    """Per-rank bytes of the training state: float32 ``weights``, ``gradients`` (the accumulators) and AdamW
+    ``optimizer`` moments (ZeRO-1 over ``data_parallel`` when ``optimizer_shard``), and the frozen ``reference``
+    copy in ``reference_dtype`` (None: no reference model), plus their ``total``. This is what one rank's resident
+    memory grows by once the actor, reference, accumulators and optimizer are built."""
+    n = local_parameters(hf_config, model_parallel)
+    state = {"weights": 4 * n, "gradients": 4 * n,
+             "optimizer": 8 * moment_parameters(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
+                                                optimizer_shard=optimizer_shard),
+             "reference": DTYPE_BYTES[reference_dtype] * n if reference_dtype else 0}
+    state["total"] = sum(state.values())
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Activations and the rollout cache
+
+def _forward_sizes(hf_config: Mapping, model_parallel: int, completions: int, num_generations: int,
+                   prompt_len: int, completion_len: int, share_prompt: bool):
+    """(tokens N through the decoder, attention score elements S per layer, completion tokens) of one forward."""
+    layout = tp_layout(hf_config, model_parallel)
+    m, p, t, heads = completions, prompt_len, completion_len, layout.local_heads
+    if share_prompt:  # each group's prompt once (causal), its completions over [prompt | own causal part]
+        prompts = max(1, m // num_generations)
+        return prompts * p + m * t, heads * (prompts * p * p + m * t * (p + t)), m * t
+    return m * (p + t), heads * m * (p + t) ** 2, m * t  # [prompt | completion] rows, full causal attention
+
+
+def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch_size: int, num_generations: int,
+                     prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
+                     recompute: bool = False, scoring_batch_size: int = 0) -> int:
+    """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
+    forward of ``scoring_batch_size`` completions when that is larger.
+
+    Per micro-batch of ``m`` completions (``G`` per prompt), prompt length ``P``, completion length ``T``, on a rank
+    with ``h`` query heads, ``kv`` KV heads, head size ``d``, hidden size ``H``, intermediate ``I/tp``, vocabulary
+    ``V/tp``, ``L`` layers, ``c`` the compute dtype's bytes::
+
+        N  = tokens through the decoder   shared prompt: (m/G) P + m T        unshared: m (P + T)
+        S  = attention score elements     shared: h ((m/G) P^2 + m T (P + T))  unshared: h m (P + T)^2
+             (prompt-causal blocks, and each completion over [its prompt | itself])
+        layer = 4 N H c                   hidden in, attention residual out, the two RMSNorm outputs
+              + 3 N d (h + kv) c          q and k before and after RoPE, v, the attention context
+              + S (4 + c)                 float32 softmax output (its backward) + its compute-dtype copy
+                                          (no copy in float32)
+              + 4 N (I/tp) c              SwiGLU: gate, silu(gate), up, their product
+        masks  = 4 S / kv                 float32 additive biases, shared by the layers and KV heads
+        logits = 4 x 4 m T (V/tp)         float32 over completion positions only: logits, log-softmax,
+                                          softmax (entropy) and the logits' gradient
+
+        without recompute:  L layer + 2 N H c (embedding, final norm) + masks + logits
+        with recompute:     L N H c (each layer's input) + layer (the one being recomputed) + masks + logits
+        scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
+    """
+    hf = hf_config
+    layout = tp_layout(hf, model_parallel)
+    c = DTYPE_BYTES[compute_dtype]
+    hidden, d, layers = int(hf["hidden_size"]), layout.head_dim, int(hf["num_hidden_layers"])
+    h, kv, inter, vocab = (layout.local_heads, layout.local_kv_heads, layout.intermediate_size // model_parallel,
+                           layout.local_vocab)
+
+    def one_forward(completions: int, logit_copies: int):
+        n, s, completion_tokens = _forward_sizes(hf, model_parallel, completions, num_generations, prompt_len,
+                                                 completion_len, share_prompt)
+        layer = 4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 + (c if c != 4 else 0)) + 4 * n * inter * c
+        shared = 4 * s // kv + logit_copies * 4 * completion_tokens * vocab
+        return n, layer, shared
+
+    n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN)
+    train = (layers * n * hidden * c + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
+    if scoring_batch_size < 1:
+        return train
+    n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE)
+    return max(train, layer + 2 * n * hidden * c + shared)
+
+
+def kv_cache_bytes(hf_config: Mapping, *, model_parallel: int = 1, batch: int, prompt_len: int, max_tokens: int,
+                   compute_dtype: str = "float32") -> int:
+    """The native rollout engine's K and V caches ``[batch, kv_l, P + round_up(T, 32), d]`` per layer."""
+    layout = tp_layout(hf_config, model_parallel)
+    steps = -(-max_tokens // DECODE_STEP_ROUND) * DECODE_STEP_ROUND
+    return (2 * int(hf_config["num_hidden_layers"]) * batch * layout.local_kv_heads * (prompt_len + steps)
+            * layout.head_dim * DTYPE_BYTES[compute_dtype])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Layouts
+
+def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parallel: int,
+                 device_memory: int = 0) -> Dict[str, int]:
+    """Per-rank bytes of each part (see the module docstring) and their ``total`` for one layout of ``config``
+    (``device_memory`` only sizes a vllm rollout pool)."""
+    rl, actor, gen = config.rl_config, config.actor_config, config.generate_config
+    sampling = gen.sampling_config
+    state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
+                              optimizer_shard=actor.parallel_config.optimizer_shard,
+                              reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None)
+    shape = dict(model_parallel=model_parallel, micro_batch_size=actor.micro_batch_size,
+                 num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
+                 completion_len=sampling.max_tokens, compute_dtype=actor.compute_dtype,
+                 share_prompt=rl.share_prompt, scoring_batch_size=config.ref_config.ref_model_batch_size)
+    if gen.backend == "vllm":
+        cache = int(gen.gpu_memory_utilization * device_memory)
+    else:
+        cache = kv_cache_bytes(hf_config, model_parallel=model_parallel, batch=gen.infer_model_batch_size,
+                               prompt_len=rl.max_prompt_length, max_tokens=sampling.max_tokens,
+                               compute_dtype=actor.compute_dtype)
+    parts = {"weights": state["weights"], "gradients": state["gradients"], "optimizer": state["optimizer"],
+             "activations": activation_bytes(hf_config, recompute=False, **shape),
+             "activations_recompute": activation_bytes(hf_config, recompute=True, **shape),
+             "update": UPDATE_GRADIENT_COPIES * state["gradients"], "kv_cache": cache, "reference": state["reference"]}
+    transient = max(parts["activations_recompute" if actor.recompute else "activations"], parts["update"])
+    parts["total"] = sum(parts[k] for k in ("weights", "gradients", "optimizer", "kv_cache", "reference")) + transient
+    return parts
+
+
+def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_parallel: int) -> str:
+    """Why a layout does not fit: the training state alone when it is over the budget, else the largest parts
+    that, added to it, are."""
+    state = parts["weights"] + parts["gradients"] + parts["optimizer"]
+    head = f"needs {format_bytes(parts['total'])} per rank, over the {format_bytes(budget)} budget: "
+    detail = (f"float32 weights {format_bytes(parts['weights'])} + gradients {format_bytes(parts['gradients'])} + "
+              f"AdamW moments {format_bytes(parts['optimizer'])}")
+    if state > budget:
+        return head + f"the training state alone, {detail} = {format_bytes(state)}, is over it" + (
+            " (model_parallel 1: every rank holds the whole model)" if model_parallel == 1 else "")
+    used = "activations_recompute" if recompute else "activations"
+    transient = max((("update", parts["update"]), ("activations", parts[used])), key=lambda kv: kv[1])
+    others = sorted([("kv_cache", parts["kv_cache"]), ("reference", parts["reference"]), transient],
+                    key=lambda kv: -kv[1])
+    names, running = [f"training state {format_bytes(state)} ({detail})"], state
+    for name, value in others:
+        names.append(f"{name} {format_bytes(value)}")
+        running += value
+        if running > budget:
+            break
+    return head + " + ".join(names) + f" = {format_bytes(running)}"
+
+
+def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping) -> dict:
+    """Every ``data_parallel x model_parallel = workers`` layout (pipeline_stage 1) with its per-rank bytes, whether
+    it fits ``HEADROOM x device_memory``, the recommended one (None when none fits) and advice.
+
+    Returns ``{"layouts": [...], "skipped": [...], "recommended": layout or None, "device_memory", "headroom",
+    "budget", "model": {...}, "settings": {...}, "advice": [...]}``; each layout is ``{"data_parallel",
+    "model_parallel", "pipeline_stage", "fits", "bytes": {part: bytes, "total"}, "why_not"}``.
+    """
+    if workers < 1:
+        raise PlanError(f"--workers {workers}: must be at least 1")
+    if device_memory < 1:
+        raise PlanError(f"device memory {device_memory}: must be more than 0 bytes")
+    budget = int(HEADROOM * device_memory)
+    recompute = config.actor_config.recompute
+    layouts: List[dict] = []
+    skipped: List[dict] = []
+    for mp in (m for m in range(1, workers + 1) if workers % m == 0):
+        problems = tp_layout(hf_config, mp).problems()
+        if problems:
+            skipped.append({"data_parallel": workers // mp, "model_parallel": mp, "pipeline_stage": 1,
+                            "why": "; ".join(problems)})
+            continue
+        parts = layout_bytes(config, hf_config, data_parallel=workers // mp, model_parallel=mp,
+                             device_memory=device_memory)
+        fits = parts["total"] <= budget
+        layouts.append({"data_parallel": workers // mp, "model_parallel": mp, "pipeline_stage": 1, "fits": fits,
+                        "bytes": parts, "why_not": "" if fits else _why_not(parts, budget, recompute, mp)})
+    fitting = [lay for lay in layouts if lay["fits"]]
+    recommended = min(fitting, key=lambda lay: (lay["model_parallel"], lay["bytes"]["total"]), default=None)
+    n = local_parameters(hf_config, 1)
+    return {"layouts": layouts, "skipped": skipped, "recommended": recommended, "device_memory": device_memory,
+            "headroom": HEADROOM, "budget": budget, "workers": workers,
+            "model": {"parameters": n, "unsharded_state_bytes": 16 * n,
+                      **{k: hf_config.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                       "num_key_value_heads", "intermediate_size", "vocab_size")},
+                      "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False))},
+            "settings": _settings(config),
+            "advice": [] if recommended else _advice(config, hf_config, layouts, budget, device_memory)}
+
+
+def _settings(config) -> dict:
+    rl, actor, gen = config.rl_config, config.actor_config, config.generate_config
+    return {"micro_batch_size": actor.micro_batch_size, "recompute": actor.recompute,
+            "share_prompt": rl.share_prompt, "max_prompt_length": rl.max_prompt_length,
+            "max_tokens": gen.sampling_config.max_tokens, "compute_dtype": actor.compute_dtype,
+            "reference_dtype": config.ref_config.compute_dtype if rl.beta > 0 else None,
+            "ref_model_batch_size": config.ref_config.ref_model_batch_size,
+            "optimizer_shard": actor.parallel_config.optimizer_shard,
+            "backend": gen.backend, "infer_model_batch_size": gen.infer_model_batch_size,
+            "gpu_memory_utilization": gen.gpu_memory_utilization if gen.backend == "vllm" else None}
+
+
+def vllm_minimum_pool(config, hf_config: Mapping) -> int:
+    """What vLLM's pool must hold at least: its weights at the rollout's tensor-parallel degree, in the compute
+    dtype, and the KV cache of one batch of ``infer_model_batch_size`` sequences (same formula as the native cache)."""
+    gen, rl = config.generate_config, config.rl_config
+    mp = gen.parallel_config.model_parallel
+    dtype = config.actor_config.compute_dtype
+    return (DTYPE_BYTES[dtype] * local_parameters(hf_config, mp)
+            + kv_cache_bytes(hf_config, model_parallel=mp, batch=gen.infer_model_batch_size,
+                             prompt_len=rl.max_prompt_length, max_tokens=gen.sampling_config.max_tokens,
+                             compute_dtype=dtype))
+
+
+def _advice(config, hf_config: Mapping, layouts: Sequence[dict], budget: int, device_memory: int) -> List[str]:
+    """What to change when no layout fits."""
+    if not layouts:
+        return ["no layout splits this model over these workers: change the worker count (see skipped)"]
+    advice = []
+    gen = config.generate_config
+    if gen.backend == "vllm":
+        need = vllm_minimum_pool(config, hf_config)
+        options = []
+        for lay in sorted(layouts, key=lambda lay: lay["model_parallel"]):
+            room = budget - (lay["bytes"]["total"] - lay["bytes"]["kv_cache"])
+            if room >= need:
+                options.append(f"<= {math.floor(100 * room / device_memory) / 100:.2f} with data_parallel "
+                               f"{lay['data_parallel']}, model_parallel {lay['model_parallel']}")
+        if options:
+            advice.append(f"the vllm pool (generate_config.gpu_memory_utilization {gen.gpu_memory_utilization} x the "
+                          f"device = {format_bytes(int(gen.gpu_memory_utilization * device_memory))}) sits beside "
+                          f"the training state: set generate_config.gpu_memory_utilization {'; '.join(options)} "
+                          f"(vLLM needs about {format_bytes(need)} for its weights and one batch's KV cache), or "
+                          "use generate_config.backend: native")
+    best = min(layouts, key=lambda lay: lay["bytes"]["total"])
+    parts, where = best["bytes"], f"data_parallel {best['data_parallel']}, model_parallel {best['model_parallel']}"
+    saved = parts["activations"] - max(parts["activations_recompute"], parts["update"])
+    if not config.actor_config.recompute and saved > 0:
+        advice.append(f"actor_config.recompute: true lowers the peak by {format_bytes(saved)} with {where}")
+    advice.append(f"more workers (a larger model_parallel), a smaller actor_config.micro_batch_size, or devices with "
+                  f"more than {format_bytes(parts['total'] / HEADROOM)} also fit ({where})")
+    return advice
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Output
+
+def format_plan(plan: dict, source: str = "") -> str:
+    """The plan as a table in binary units, the recommendation and why the other layouts do not fit."""
+    model, settings = plan["model"], plan["settings"]
+    n = model["parameters"]
+    lines = [
+        f"model{f' {source}' if source else ''}: {n / 1e9:.2f} B parameters (hidden {model['hidden_size']}, "
+        f"{model['num_hidden_layers']} layers, {model['num_attention_heads']} heads, "
+        f"{model['num_key_value_heads']} KV heads, intermediate {model['intermediate_size']}, vocab "
+        f"{model['vocab_size']}, {'tied' if model['tie_word_embeddings'] else 'untied'} embeddings)",
+        f"  float32 weights + gradients + 2 AdamW moments = 16 bytes/parameter = "
+        f"{model['unsharded_state_bytes'] / 1e9:.1f} GB ({format_bytes(model['unsharded_state_bytes'])}) unsharded",
+        f"devices: {plan['workers']} x {format_bytes(plan['device_memory'])}; budget per rank "
+        f"{format_bytes(plan['budget'])} ({plan['headroom']:.0%}; the rest is for the framework, workspace and "
+        "compiled graphs)",
+        "run: micro_batch_size {micro_batch_size}, recompute {rc}, share_prompt {sp}, prompt {max_prompt_length} + "
+        "completion {max_tokens} tokens, {compute_dtype} compute, reference {ref}, ZeRO-1 {zero}, rollout {rollout}"
+        .format(**settings, rc="on" if settings["recompute"] else "off", sp="on" if settings["share_prompt"] else
+                "off", ref=settings["reference_dtype"] or "none (beta 0)",
+                zero="on" if settings["optimizer_shard"] else "off",
+                rollout=(f"vllm (gpu_memory_utilization {settings['gpu_memory_utilization']})"
+                         if settings["backend"] == "vllm" else
+                         f"{settings['backend']} (batch {settings['infer_model_batch_size']})")),
+        "",
+    ]
+    used = "activations_recompute" if settings["recompute"] else "activations"
+    header = ["dp x mp x pp", "weights", "gradients", "optimizer", "activations", "act.recompute", "update",
+              "kv_cache", "reference", "total", "fits"]
+    rows = [header]
+    for lay in plan["layouts"]:
+        b = lay["bytes"]
+        transient = used if b[used] >= b["update"] else "update"
+        cells = [format_bytes(b[k]) + ("*" if k == transient else "") for k in PARTS]
+        rows.append([f"{lay['data_parallel']} x {lay['model_parallel']} x {lay['pipeline_stage']}", *cells,
+                     format_bytes(b["total"]), "yes" if lay["fits"] else "NO"])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
+              for row in rows]
+    lines.append(f"(* the transient in the total: the larger of the update and the activations with "
+                 f"actor_config.recompute {'true' if settings['recompute'] else 'false'}; kv_cache is "
+                 f"{'the whole vllm pool' if settings['backend'] == 'vllm' else 'the rollout KV cache'})")
+    for skip in plan["skipped"]:
+        lines.append(f"skipped {skip['data_parallel']} x {skip['model_parallel']} x {skip['pipeline_stage']}: "
+                     f"{skip['why']}")
+    lines.append("")
+    rec = plan["recommended"]
+    if rec:
+        lines.append(f"recommended: data_parallel {rec['data_parallel']}, model_parallel {rec['model_parallel']}, "
+                     f"pipeline_stage 1: {format_bytes(rec['bytes']['total'])} per rank, "
+                     f"{format_bytes(plan['budget'] - rec['bytes']['total'])} under the budget (the smallest "
+                     "model_parallel that fits)")
+    else:
+        lines.append("no layout fits:")
+        lines += [f"  - {text}" for text in plan["advice"]]
+    others = [lay for lay in plan["layouts"] if not lay["fits"]]
+    if others:
+        lines.append("does not fit:")
+        lines += [f"  dp {lay['data_parallel']} x mp {lay['model_parallel']}: {lay['why_not']}" for lay in others]
+    return "\n".join(lines)
+
+
+def load_inputs(config_path: str, overrides: Sequence[str] = (), model: Optional[str] = None):
+    """(config, hf_config, model folder) for the planner: ``model`` (else ``actor_config.load``) needs only
+    config.json."""
+    from mindgrpo.config import load_config
+    from mindgrpo.models.hf_config import read_hf_config
+
+    config = load_config(config_path, overrides)
+    folder = model or config.actor_config.load
+    if not folder:
+        raise PlanError(f"{config_path}: actor_config.load is empty: pass --model /path/to/hf-folder (only its "
+                        "config.json is read)")
+    return config, read_hf_config(folder), folder
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mindgrpo plan", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="grpo_config.yaml of the run")
+    parser.add_argument("--workers", type=int, help="msrun --worker_num (default: the product of "
+                                                    "actor_config.parallel_config)")
+    parser.add_argument("--device-memory", "--device_memory", dest="device_memory", required=True,
+                        help="memory of one device: 64GB, 64GiB, 65536MB or bytes (binary units)")
+    parser.add_argument("--model", help="Hugging Face folder whose config.json to plan for (default: "
+                                        "actor_config.load)")
+    parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
+    parser.add_argument("overrides", nargs="*", metavar="group.key=value", help="config overrides, as main.py")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from mindgrpo.config import ConfigError
+    from mindgrpo.models.hf_config import ModelConfigError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        device_memory = parse_bytes(args.device_memory)
+        config, hf_config, folder = load_inputs(args.config, args.overrides, args.model)
+        layout = config.actor_config.parallel_config
+        workers = args.workers or layout.data_parallel * layout.model_parallel * layout.pipeline_stage
+        if layout.pipeline_stage > 1:
+            print(f"note: actor_config.parallel_config.pipeline_stage = {layout.pipeline_stage} is refused by the "
+                  "trainer; planning pipeline_stage 1 layouts", file=sys.stderr)
+        plan = plan_layouts(config, workers, device_memory, hf_config)
+    except (PlanError, ConfigError, ModelConfigError, FileNotFoundError) as err:
+        parser.exit(2, f"error: {err}\n")
+    print(json.dumps(plan, indent=1) if args.json else format_plan(plan, source=f"{folder}/config.json"))
+    return 0

@@ -1,0 +1,67 @@
+"""Checks that the run's data, tokenizer and model belong together, before any model is built or graph compiled.
+
+Each mismatch below used to surface minutes later as a shape error deep in a compiled graph, or not at all (a
+MindRecord tokenized with another vocabulary trains on garbage prompts without a single error). Every message names
+the file and the config key to change.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_prompt
+
+if TYPE_CHECKING:
+    from mindgrpo.config import GRPOConfig
+    from mindgrpo.tokenizer import Tokenizer
+
+_RECHECKED_ROWS = 8  # prompts re-tokenized to recognise the tokenizer a MindRecord was made with
+
+
+def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: PromptDataset, *,
+                     world_size: int = 1) -> None:
+    """Raise DataError if the dataset cannot fill a step, was tokenized differently, holds prompts longer than
+    rl_config.max_prompt_length, or if the tokenizer's ids do not fit the actor's (or reference's) vocabulary."""
+    rl = config.rl_config
+    hint = "convert it again with tools/rlhf_data.py"
+    if dataset.steps_per_epoch(rl.batch_size, world_size) == 0:
+        raise DataError(f"rl_config.dataset_file = {dataset.path}: {len(dataset)} prompt(s), fewer than one step "
+                        f"needs (rl_config.batch_size {rl.batch_size} x {world_size} data-parallel rank(s)); add "
+                        "data or lower rl_config.batch_size")
+    longest = int(dataset.lengths.max())
+    if longest > rl.max_prompt_length:
+        built = dataset.metadata.get("max_prompt_length", dataset.max_prompt_length)
+        raise DataError(f"rl_config.dataset_file = {dataset.path} was converted with --max_prompt_length {built} "
+                        f"and holds a prompt of {longest} tokens, longer than rl_config.max_prompt_length = "
+                        f"{rl.max_prompt_length}: raise rl_config.max_prompt_length to {longest} (and seq_length to "
+                        f"match), or {hint} --max_prompt_length {rl.max_prompt_length}")
+    _check_same_tokenizer(dataset, tokenizer, config.tokenizer_dir, hint)
+    from mindgrpo.models.hf_config import read_hf_config  # lazy: keeps this module free of MindFormers imports
+
+    for key, model_dir in (("actor_config.load", config.actor_config.load), ("ref_config.load", config.ref_load)):
+        vocab = int(read_hf_config(model_dir)["vocab_size"])
+        highest = max(tokenizer.vocab_size - 1, int(dataset.input_ids.max()))
+        if highest >= vocab:
+            raise DataError(f"{key} = {model_dir}: the model's vocab_size is {vocab}, but the tokenizer in "
+                            f"{config.tokenizer_dir} has {tokenizer.vocab_size} tokens (and the data token ids up "
+                            f"to {int(dataset.input_ids.max())}): the model and tokenizer are from different "
+                            "models; point rl_config.tokenizer_dir (or actor_config.load) at matching folders")
+        if key == "actor_config.load" and config.ref_load == model_dir:
+            break
+
+
+def _check_same_tokenizer(dataset: PromptDataset, tokenizer: "Tokenizer", tokenizer_dir: str, hint: str) -> None:
+    """Re-tokenize the first prompts with the template the file records: other ids mean another tokenizer."""
+    template = dataset.metadata.get("prompt_template")
+    if template not in PROMPT_TEMPLATES:
+        return  # a MindRecord made elsewhere: nothing to compare against
+    rows = range(min(_RECHECKED_ROWS, len(dataset)))
+    expected = tokenizer.encode_batch([render_prompt(template, dataset.questions[i]) for i in rows])
+    for i, ids in zip(rows, expected):
+        stored = dataset[i].prompt_ids
+        if len(ids) != len(stored) or not np.array_equal(np.asarray(ids), stored):
+            raise DataError(f"rl_config.dataset_file = {dataset.path} was tokenized with another tokenizer than "
+                            f"the run's ({tokenizer_dir}): the prompt of source line {dataset[i].line_no} "
+                            f"re-tokenizes to {len(ids)} different ids. {hint.capitalize()} --tokenizer_dir "
+                            f"{tokenizer_dir}, or set rl_config.tokenizer_dir to the tokenizer it was made with")

@@ -1,0 +1,94 @@
+"""scripts/run_grpo_multinode.sh: the msrun command it builds, its argument checks, and two real msrun "nodes" on
+this machine (with a probe script standing in for main.py, so no training code is involved)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from multinode import LAUNCHER, REPO, check_nodes, launch_nodes
+
+CONFIG = REPO / "examples" / "grpo" / "grpo_qwen2_5_32b_2nodes.yaml"
+PROBE = """
+import sys
+import numpy as np
+import mindspore as ms
+from mindspore import Tensor, ops
+from mindspore.communication import get_group_size, get_rank, init
+
+ms.set_context(device_target="CPU")
+init()
+total = ops.AllReduce()(Tensor(np.array([get_rank() + 1.0], np.float32))).asnumpy()[0]
+assert total == get_group_size() * (get_group_size() + 1) / 2, total
+print(f"PROBE rank={get_rank()} size={get_group_size()} argv={sys.argv[1:]}", flush=True)
+"""
+
+
+def _fake_msrun(tmp_path, body):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    fake = bin_dir / "msrun"
+    fake.write_text("#!/usr/bin/env bash\n" + body)
+    fake.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+
+
+def _launch(args, env, cwd):
+    return subprocess.run(["bash", str(LAUNCHER), *map(str, args)], env=env, cwd=cwd, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_launcher_builds_msruns_multi_node_command(tmp_path):
+    record = tmp_path / "args"
+    env = _fake_msrun(tmp_path, f'printf "%s\\n" "$@" > {record}\n')
+    done = _launch([CONFIG, 1, "10.0.0.1", "--actor_checkpoint_path", "/m", "rl_config.seed=3"],
+                   {**env, "MASTER_PORT": "9000"}, tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "node 1 of 2, ranks 8..15 of 16, master 10.0.0.1:9000" in done.stdout
+    assert record.read_text().splitlines() == [
+        "--worker_num=16", "--local_worker_num=8", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=9000",
+        "--log_dir=output/msrun_log_node1", "--join=True", "--cluster_time_out=600",
+        str(REPO / "examples" / "grpo" / "main.py"), "--config", str(CONFIG), "--actor_checkpoint_path", "/m",
+        "rl_config.seed=3"]
+    done = _launch([CONFIG, 2, "host0", 4, 2, "--resume_training"], env, tmp_path)  # NODES 4, 2 workers each
+    assert done.returncode == 0, done.stderr
+    lines = record.read_text().splitlines()
+    assert lines[:5] == ["--worker_num=8", "--local_worker_num=2", "--node_rank=2", "--master_addr=host0",
+                         "--master_port=8118"]
+    assert lines[-1] == "--resume_training"
+
+
+@pytest.mark.parametrize("args,message", [
+    ([CONFIG, 2, "h"], "NODE_RANK 2 is not below NODES 2"),
+    ([CONFIG, "x", "h"], "NODE_RANK must be a number"),
+    ([CONFIG, 0, "h", 0], "must be >= 1"),
+    (["missing.yaml", 0, "h"], "config file not found"),
+    ([CONFIG, 0], "usage:"),
+])
+def test_launcher_rejects_bad_arguments(tmp_path, args, message):
+    env = _fake_msrun(tmp_path, "exit 0\n")
+    done = _launch(args, env, tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+def test_two_msrun_nodes_on_one_host(tmp_path):
+    """Two launches, node ranks 0 and 1, one worker each, same master address and port: the workers form one
+    2-rank job (rank = node_rank x local workers + index) and an AllReduce spans both."""
+    real = shutil.which("msrun")
+    if real is None:
+        pytest.skip("msrun not on PATH")
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    env = _fake_msrun(tmp_path, f"""args=()
+for a in "$@"; do
+  case "$a" in */examples/grpo/main.py) args+=("{probe}") ;; *) args+=("$a") ;; esac
+done
+exec "{sys.executable}" "{real}" "${{args[@]}}"
+""")
+    runs = launch_nodes(CONFIG, ["rl_config.seed=3"], nodes=2, workers_per_node=1, log_root=tmp_path / "logs",
+                        cwd=tmp_path, env=env, timeout=300)
+    check_nodes(runs)
+    for node, run in enumerate(runs):
+        (log,) = run.worker_logs()
+        assert f"PROBE rank={node} size=2 argv=['--config', '{CONFIG}', 'rl_config.seed=3']" in log.read_text()

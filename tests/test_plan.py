@@ -1,0 +1,199 @@
+"""`python -m mindgrpo plan`: per-rank memory of each layout, the recommended one, and the doctor's memory check."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import mindgrpo  # noqa: F401  (before mindspore)
+from mindgrpo import doctor
+from mindgrpo.config import load_config
+from mindgrpo.plan import (HEADROOM, PlanError, activation_bytes, format_plan, kv_cache_bytes, layout_bytes,
+                           local_parameters, local_sizes, main, model_state_bytes, parse_bytes, plan_layouts)
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_7B = REPO / "examples" / "grpo" / "grpo_qwen2_5_7b.yaml"
+GiB = 2**30
+# Qwen2.5-7B's config.json (the shape keys as Hugging Face ships them)
+QWEN2_5_7B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 3584,
+              "intermediate_size": 18944, "num_hidden_layers": 28, "num_attention_heads": 28,
+              "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "max_position_embeddings": 131072, "hidden_act": "silu",
+              "use_sliding_window": False, "bos_token_id": 151643, "eos_token_id": 151643}
+
+
+@pytest.fixture
+def model_7b(tmp_path):
+    folder = tmp_path / "Qwen2.5-7B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN2_5_7B))
+    return folder
+
+
+def config_7b(model, *overrides):
+    return load_config(CONFIG_7B, [f"actor_config.load={model}", *overrides])
+
+
+def plan_7b(model, *overrides):
+    return plan_layouts(config_7b(model, *overrides), 8, 64 * GiB, QWEN2_5_7B)
+
+
+def by_mp(plan, mp):
+    return next(lay for lay in plan["layouts"] if lay["model_parallel"] == mp)
+
+
+def test_parse_bytes_units():
+    assert parse_bytes("64GB") == parse_bytes("64GiB") == parse_bytes("65536MB") == parse_bytes("64 gib") \
+        == parse_bytes(str(64 * GiB)) == parse_bytes("0.0625TB") == 64 * GiB
+    assert parse_bytes("512k") == 512 * 1024 and parse_bytes("1.5G") == 3 * GiB // 2
+    for bad in ("64XB", "", "GB", "-1GB", "0", "64 GB of HBM", "64iB"):
+        with pytest.raises(PlanError, match="device memory"):
+            parse_bytes(bad)
+
+
+def test_parameters_follow_the_tensor_parallel_split():
+    assert local_parameters(QWEN2_5_7B, 1) == 7_615_616_512  # Qwen2.5-7B's published parameter count
+    norms = (2 * 28 + 1) * 3584  # replicated on every rank; everything else is split evenly at tp=2
+    assert local_parameters(QWEN2_5_7B, 2) == (7_615_616_512 - norms) // 2 + norms
+    # Fewer KV heads than ranks: each rank holds one of the 2 KV heads (half of k/v), not a quarter.
+    small = dict(QWEN2_5_7B, hidden_size=256, num_attention_heads=8, num_key_value_heads=2, intermediate_size=512,
+                 vocab_size=1024, num_hidden_layers=2)
+    d, layers = 32, 2
+    kv = layers * 2 * (2 * d * 256 + 2 * d)  # k and v, weights and biases
+    split = 2 * 1024 * 256 + layers * (2 * 256 * 256 + 256 + 3 * 256 * 512)  # embed, lm_head, q(+bias), o, MLP
+    norms = (2 * layers + 1) * 256
+    assert local_parameters(small, 1) == split + kv + norms
+    assert local_parameters(small, 4) == split // 4 + kv // 2 + norms
+
+
+def test_7b_on_8_devices_recommends_tensor_parallel_and_explains_data_parallel(model_7b):
+    plan = plan_7b(model_7b, "generate_config.backend=native")
+    rec = plan["recommended"]
+    assert rec is not None and rec["fits"] and rec["model_parallel"] >= 2
+    assert rec["bytes"]["total"] <= HEADROOM * 64 * GiB
+    assert rec["data_parallel"] * rec["model_parallel"] == 8 and rec in plan["layouts"]
+    dp_only = by_mp(plan, 1)
+    assert not dp_only["fits"] and dp_only["bytes"]["total"] > 64 * GiB
+    # every rank holds all 7.6 B parameters: float32 weights and gradients, 1/8 of the moments (ZeRO-1)
+    assert dp_only["bytes"]["weights"] == dp_only["bytes"]["gradients"] == 4 * 7_615_616_512
+    assert "training state alone" in dp_only["why_not"]
+    assert [s["model_parallel"] for s in plan["skipped"]] == [8]  # 28 heads do not split 8 ways
+    assert "28 attention heads" in plan["skipped"][0]["why"]
+    text = format_plan(plan)
+    assert "121.8 GB" in text  # 16 bytes x 7.6 B parameters, unsharded
+    assert re.search(r"dp 8 x mp 1: needs [\d.]+ GiB per rank, over the 57.6 GiB budget: the training state alone",
+                     text), text
+    assert f"recommended: data_parallel {rec['data_parallel']}, model_parallel {rec['model_parallel']}" in text
+
+
+def test_vllm_pool_beside_the_training_state_and_the_advice_that_fixes_it(model_7b):
+    plan = plan_7b(model_7b, "generate_config.backend=vllm", "generate_config.gpu_memory_utilization=0.8")
+    assert plan["recommended"] is None
+    assert all(lay["bytes"]["kv_cache"] == int(0.8 * 64 * GiB) for lay in plan["layouts"])
+    advice = " ".join(plan["advice"])
+    share = float(re.search(r"<= (0\.\d+) with data_parallel 2, model_parallel 4", advice).group(1))
+    fixed = plan_7b(model_7b, "generate_config.backend=vllm", f"generate_config.gpu_memory_utilization={share}")
+    assert fixed["recommended"] is not None and fixed["recommended"]["model_parallel"] == 4
+    over = plan_7b(model_7b, "generate_config.backend=vllm", f"generate_config.gpu_memory_utilization={share + 0.02}")
+    assert not by_mp(over, 4)["fits"]
+
+
+def test_zero1_halves_the_optimizer_at_dp2():
+    sharded = model_state_bytes(QWEN2_5_7B, model_parallel=2, data_parallel=2)
+    whole = model_state_bytes(QWEN2_5_7B, model_parallel=2, data_parallel=2, optimizer_shard=False)
+    assert whole["optimizer"] == 8 * local_parameters(QWEN2_5_7B, 2)
+    # ZeRO-1 hands out whole parameters: the busier rank keeps half, give or take less than one parameter
+    largest = 8 * max(local_sizes(QWEN2_5_7B, 2))
+    assert whole["optimizer"] / 2 <= sharded["optimizer"] < whole["optimizer"] / 2 + largest
+    assert sharded["optimizer"] / whole["optimizer"] == pytest.approx(0.5, abs=0.01)
+    assert sharded["weights"] == whole["weights"] and sharded["gradients"] == whole["gradients"]
+    assert sharded["reference"] == 0
+    with_ref = model_state_bytes(QWEN2_5_7B, model_parallel=2, reference_dtype="bfloat16")
+    assert with_ref["reference"] == 2 * local_parameters(QWEN2_5_7B, 2)
+    assert with_ref["total"] == sum(v for k, v in with_ref.items() if k != "total")
+
+
+def test_optimizer_shard_setting_reaches_the_layout(model_7b):
+    config = config_7b(model_7b, "generate_config.backend=native")
+    sharded = layout_bytes(config, QWEN2_5_7B, data_parallel=2, model_parallel=4)
+    config.actor_config.parallel_config.optimizer_shard = False
+    whole = layout_bytes(config, QWEN2_5_7B, data_parallel=2, model_parallel=4)
+    assert whole["optimizer"] / sharded["optimizer"] == pytest.approx(2, rel=0.02)
+    assert whole["total"] - sharded["total"] == whole["optimizer"] - sharded["optimizer"]
+
+
+def test_recompute_lowers_activations_and_the_total_uses_the_setting(model_7b):
+    shape = dict(model_parallel=2, micro_batch_size=8, num_generations=8, prompt_len=256, completion_len=512,
+                 compute_dtype="bfloat16")
+    full, rec = (activation_bytes(QWEN2_5_7B, recompute=r, **shape) for r in (False, True))
+    assert rec < full / 3
+    assert activation_bytes(QWEN2_5_7B, share_prompt=True, **shape) < activation_bytes(
+        QWEN2_5_7B, share_prompt=False, **shape)  # the prompt once per group instead of once per completion
+    on = layout_bytes(config_7b(model_7b, "actor_config.recompute=true"), QWEN2_5_7B, data_parallel=4,
+                      model_parallel=2)
+    off = layout_bytes(config_7b(model_7b, "actor_config.recompute=false"), QWEN2_5_7B, data_parallel=4,
+                       model_parallel=2)
+    assert on["activations"] == off["activations"] and on["activations_recompute"] == off["activations_recompute"]
+    # the peak's transient is the larger of the activations and the update step's gradient copies
+    assert off["total"] - on["total"] == off["activations"] - max(on["activations_recompute"], on["update"]) > 0
+    assert on["update"] == 2 * on["gradients"]
+
+
+def test_kv_cache_is_per_rank_kv_heads():
+    # 2 (K, V) x 28 layers x 16 rows x 1 local KV head x (512 + 1024) positions x 128 x 2 bytes
+    assert kv_cache_bytes(QWEN2_5_7B, model_parallel=4, batch=16, prompt_len=512, max_tokens=1024,
+                          compute_dtype="bfloat16") == 2 * 28 * 16 * 1 * 1536 * 128 * 2
+    # tp=8 > 4 KV heads: still one (replicated) KV head per rank; max_tokens rounds up to a multiple of 32
+    assert kv_cache_bytes(QWEN2_5_7B, model_parallel=8, batch=1, prompt_len=10, max_tokens=1) == \
+        2 * 28 * 1 * 1 * (10 + 32) * 128 * 4
+
+
+def test_cli_json(model_7b):
+    out = subprocess.run([sys.executable, "-m", "mindgrpo", "plan", "--config", str(CONFIG_7B), "--workers", "8",
+                          "--device-memory", "64GB", "--model", str(model_7b), "--json",
+                          "generate_config.backend=native", "actor_config.recompute=true"], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    assert plan["device_memory"] == 64 * GiB and plan["model"]["parameters"] == 7_615_616_512
+    parts = {"weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
+             "reference", "total"}
+    for lay in plan["layouts"]:
+        assert {"data_parallel", "model_parallel", "pipeline_stage", "fits", "bytes"} <= set(lay)
+        assert set(lay["bytes"]) == parts and lay["pipeline_stage"] == 1
+        assert lay["data_parallel"] * lay["model_parallel"] == 8
+        b = lay["bytes"]
+        resident = b["weights"] + b["gradients"] + b["optimizer"] + b["kv_cache"] + b["reference"]
+        assert b["total"] == resident + max(b["activations_recompute"], b["update"])  # recompute: true
+    assert plan["recommended"] in plan["layouts"] and plan["recommended"]["fits"]
+
+
+def test_cli_errors(model_7b, capsys):
+    bad = subprocess.run([sys.executable, "-m", "mindgrpo", "plan", "--config", str(CONFIG_7B), "--workers", "8",
+                          "--device-memory", "64XB", "--model", str(model_7b)], capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and "'64XB' is not a size" in bad.stderr and "64GiB" in bad.stderr, bad.stderr
+    with pytest.raises(SystemExit) as exit_info:  # the 7B recipe leaves actor_config.load empty
+        main(["--config", str(CONFIG_7B), "--workers", "8", "--device-memory", "64GB"])
+    assert exit_info.value.code == 2 and "pass --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--config", str(CONFIG_7B), "--workers", "8", "--device-memory", "64GB", "--model",
+              str(model_7b / "missing")])
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_doctor_explains_a_layout_that_cannot_fit(model_7b):
+    config = config_7b(model_7b, "generate_config.backend=native", "actor_config.parallel_config.data_parallel=8",
+                       "actor_config.parallel_config.model_parallel=1")
+    check = doctor.check_memory(config, 8, 64 * GiB)
+    assert check.status == "FAIL" and "dp 8 x mp 1" in check.detail and "training state alone" in check.detail
+    recommended = plan_layouts(config, 8, 64 * GiB, QWEN2_5_7B)["recommended"]
+    assert f"model_parallel={recommended['model_parallel']}" in check.fix
+    config = config_7b(model_7b, "generate_config.backend=native", "actor_config.parallel_config.data_parallel=2",
+                       "actor_config.parallel_config.model_parallel=4")
+    assert doctor.check_memory(config, 8, 64 * GiB).status == "ok"
+    assert doctor.build_parser().parse_args(["--device-memory", "65536MB"]).device_memory == 64 * GiB
+    with pytest.raises(SystemExit):
+        doctor.build_parser().parse_args(["--device-memory", "lots"])

@@ -1,0 +1,243 @@
+"""Tensor parallelism (Megatron-style, explicit collectives) under msrun with 2 CPU workers, against one rank.
+
+* the slicing rule (pure numpy): every rank's slices assemble back to the full tensor, for split and replicated
+  KV heads;
+* ``tp_worker.py``: log-probs, entropies and gradients of the shared-prompt forward with model_parallel 2 equal the
+  full model's, and greedy and sampled rollouts give the same tokens, in PyNative and GRAPH;
+* the trainer: GRPO steps with model_parallel 2 give the weights of model_parallel 1; a TP=2 run killed after a
+  checkpoint and resumed ends where an uninterrupted one does; its checkpoint resumes under TP=1 (resharded); its
+  HF export loads in transformers; a rank holds about half the model state.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mindgrpo.models.shard_layout import LayoutError, TPLayout, reshard
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from test_trainer import make_config, prompts  # noqa: E402,F401  (the shared GSM8K prompt fixture)
+from tiny_qwen import make_tiny_qwen2  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _msrun(args, log_dir: Path, *, workers: int = 2, wait: bool = True, timeout: int = 900):
+    cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
+           f"--master_port={_free_port()}", f"--log_dir={log_dir}", "--join=True", *map(str, args)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    if not wait:
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                start_new_session=True)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
+    assert done.returncode == 0, logs
+    return logs
+
+
+# ---------------------------------------------------------------------------------------------- slicing rule
+SHAPES = {"model.embed_tokens.weight": (64, 32), "model.layers.0.self_attn.q_proj.weight": (32, 32),
+          "model.layers.0.self_attn.q_proj.bias": (32,), "model.layers.0.self_attn.k_proj.weight": (16, 32),
+          "model.layers.0.self_attn.v_proj.bias": (16,), "model.layers.0.self_attn.o_proj.weight": (32, 32),
+          "model.layers.0.mlp.down_proj.weight": (32, 48), "model.layers.0.mlp.up_proj.weight": (48, 32),
+          "model.layers.0.input_layernorm.weight": (32,), "model.norm.weight": (32,)}
+
+
+@pytest.mark.parametrize("tp,kv", [(1, 2), (2, 2), (4, 2), (2, 4), (4, 1)])
+def test_slices_assemble_back_and_reshard(tp, kv):
+    heads, d = 4, 8
+    shapes = dict(SHAPES)
+    shapes["model.layers.0.self_attn.k_proj.weight"] = (kv * d, 32)
+    shapes["model.layers.0.self_attn.v_proj.bias"] = (kv * d,)
+    layout = TPLayout(tp=tp, rank=0, num_heads=heads, num_kv_heads=kv, head_dim=d, vocab_size=64,
+                      intermediate_size=48)
+    rng = np.random.default_rng(0)
+    for name, shape in shapes.items():
+        full = rng.standard_normal(shape).astype(np.float32)
+        pieces = [layout.with_rank(r).take(name, full) for r in range(tp)]
+        assert all(p.shape == layout.with_rank(r).local_shape(name, shape) for r, p in enumerate(pieces))
+        np.testing.assert_array_equal(layout.assemble(name, pieces, shape), full)
+        one = TPLayout(1, 0, heads, kv, d, 64, 48)
+        np.testing.assert_array_equal(reshard(name, pieces, shape, layout, one)[0], full)
+    if kv < tp:  # rank r reads KV head r // (tp / kv): the query heads it holds map to it
+        k = shapes["model.layers.0.self_attn.k_proj.weight"]
+        for r in range(tp):
+            part = layout.with_rank(r).shard("model.layers.0.self_attn.k_proj.weight", k)
+            first_q_head = r * heads // tp
+            assert part.start // d == first_q_head // (heads // kv)
+        assert layout.gradient_owners("model.layers.0.self_attn.k_proj.weight") == tp // kv
+    assert layout.gradient_owners("model.norm.weight") == tp
+
+
+def test_layouts_the_model_cannot_take_are_named():
+    with pytest.raises(LayoutError, match="does not divide the 28 attention heads"):
+        TPLayout(8, 0, 28, 4, 128, 152064, 18944).validate()
+    with pytest.raises(LayoutError, match="vocab_size"):
+        TPLayout(2, 0, 4, 2, 8, 65, 48).validate()
+    assert not TPLayout(4, 0, 28, 4, 128, 152064, 18944).problems()  # Qwen2.5-7B on 4 ranks
+
+
+# ---------------------------------------------------------------------------------------------- forward parity
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
+    """Tied embeddings with 2 KV heads in PyNative; untied with 1 KV head (replicated on both ranks) in GRAPH."""
+    tied, kv = (True, 2) if mode == "pynative" else (False, 1)
+    model = make_tiny_qwen2(tmp_path / "model", kv_heads=kv, tied=tied)
+    _msrun([REPO / "tests" / "tp_worker.py", model, mode, tmp_path], tmp_path / "log")
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}_{mode}.json").read_text())
+        assert result["logp"] <= 1e-5, result
+        assert result["entropy"] <= 2e-5, result
+        assert result["grad_rel"] <= 1e-5, result
+        assert result["greedy_equal"] and result["sampled_equal"], result
+        assert len({tuple(row) for row in result["sampled_tokens"]}) > 1  # not a degenerate rollout
+        # about half the parameters per rank (norms are replicated)
+        assert 0.5 <= result["shard_param_elements"] / result["full_param_elements"] <= 0.56, result
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+TRAIN_WORKER = """
+import json, sys
+import mindgrpo
+from mindgrpo.config import load_config
+from mindgrpo.trainer import GRPOTrainer
+config = load_config(sys.argv[1], sys.argv[2:])
+trainer = GRPOTrainer(config)
+trainer.train()
+state = sum(p.nbytes for p in trainer.policy.params) + sum(p.nbytes for p in trainer.policy._accumulators) + sum(
+    p.nbytes for p in (*trainer.policy.optimizer.exp_avg, *trainer.policy.optimizer.exp_avg_sq))
+with open(config.rl_config.output_dir + f"/state_rank{trainer.dist.rank}.json", "w") as f:
+    json.dump({"model_state_bytes": state}, f)
+"""
+
+
+def _final(run: Path) -> dict:
+    from safetensors.numpy import load_file
+
+    newest = sorted((run / "checkpoints").glob("step_*"))[-1]
+    return load_file(newest / "model" / "model.safetensors")
+
+
+def _assert_same_weights(a: dict, b: dict, atol: float) -> float:
+    assert set(a) == set(b)
+    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
+    assert worst <= atol, worst
+    return worst
+
+
+@pytest.fixture(scope="module")
+def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
+    """The same 3-step GRPO run with model_parallel 1 (one process) and 2 (msrun), fused loss; a TP=2 run killed
+    after its step-2 checkpoint and resumed; and that checkpoint resumed with model_parallel 1."""
+    from mindgrpo.config import dump_yaml
+
+    root = tmp_path_factory.mktemp("tp")
+    worker = root / "train_worker.py"
+    worker.write_text(TRAIN_WORKER, encoding="utf-8")
+
+    def config(name, mp, **rl):
+        cfg = make_config(root / name, prompts, tiny_model_dir, max_steps=3, save_ckpt_interval=1,
+                          save_max_ckpt_num=3, **rl)
+        for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
+            section.parallel_config.model_parallel = mp
+        dump_yaml(cfg, root / f"{name}.yaml")
+        return root / f"{name}.yaml"
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, worker, config("tp1", 1)], check=True, env=env, capture_output=True,
+                   timeout=900)
+    _msrun([worker, config("tp2", 2)], root / "log_tp2")
+
+    killed = config("killed", 2)
+    proc = _msrun([worker, killed], root / "log_killed", wait=False)
+    saved = root / "killed" / "checkpoints" / "step_00000002" / "manifest.json"
+    deadline = time.time() + 900
+    while not saved.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert saved.exists(), "the TP=2 run wrote no step-2 checkpoint"
+    os.killpg(proc.pid, signal.SIGKILL)  # msrun and both workers, as a crashed job
+    proc.wait()
+    subprocess.run(["pkill", "-9", "-f", str(killed)], check=False)
+    assert not (root / "killed" / "checkpoints" / "step_00000003").exists()
+    _msrun([worker, killed, "rl_config.resume_training=true"], root / "log_resumed")
+
+    # the TP=2 run's step-2 checkpoint, resharded to one rank
+    import shutil
+
+    (root / "resharded" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / "tp2" / "checkpoints" / "step_00000002",
+                    root / "resharded" / "checkpoints" / "step_00000002")
+    subprocess.run([sys.executable, worker, config("resharded", 1), "rl_config.resume_training=true"], check=True,
+                   env=env, capture_output=True, timeout=900)
+    return root
+
+
+def _step(run: Path, step: int) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(run / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors")
+
+
+def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir):
+    """One GRPO step: the issue's bound, 1e-5. After three, AdamW's m / sqrt(v) magnifies float32 reassociation
+    differences of the split matmuls in tiny gradient entries (measured 1.2e-5 and 1.7e-5 after steps 2 and 3, where
+    each step moves a weight by up to lr = 1e-3), so the bound there is 1e-4."""
+    from mindgrpo.models import build_model, state_dict_hf
+
+    first = _assert_same_weights(_step(tp_runs / "tp1", 1), _step(tp_runs / "tp2", 1), atol=1e-5)
+    last = _assert_same_weights(_final(tp_runs / "tp1"), _final(tp_runs / "tp2"), atol=1e-4)
+    print(f"TP=2 vs TP=1: max |weight difference| {first:.2e} after 1 GRPO step, {last:.2e} after 3")
+    initial = state_dict_hf(build_model(tiny_model_dir, role="reference"))
+    trained = _step(tp_runs / "tp1", 1)
+    assert max(np.abs(trained[k] - initial[k]).max() for k in initial) > 1e-4  # the step moved the weights
+
+
+def test_tp2_killed_and_resumed_equals_uninterrupted(tp_runs):
+    _assert_same_weights(_final(tp_runs / "tp2"), _final(tp_runs / "killed"), atol=1e-6)
+    from mindgrpo.metrics import read_metrics
+
+    assert [r["step"] for r in read_metrics(tp_runs / "killed" / "metrics.jsonl")] == [1, 2, 3]
+
+
+def test_tp2_checkpoint_resumes_resharded_on_one_rank(tp_runs):
+    """The TP=2 step-2 checkpoint (weights and optimizer shards) resumed with model_parallel 1 reaches the weights of
+    the TP=2 run's step 3 (bound as after several steps in test_tp2_training_equals_tp1)."""
+    _assert_same_weights(_final(tp_runs / "tp2"), _final(tp_runs / "resharded"), atol=1e-4)
+    layout = json.loads((tp_runs / "tp2" / "checkpoints" / "step_00000003" / "optimizer" / "layout.json")
+                        .read_text())
+    assert (layout["tp"], layout["dp"]) == (2, 1)
+
+
+def test_tp2_export_loads_in_transformers(tp_runs, tiny_model_dir):
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 1000, 3]])
+    logits = {}
+    for name in ("tp1", "tp2"):
+        folder = sorted((tp_runs / name / "checkpoints").glob("step_*"))[-1] / "model"
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+        with torch.no_grad():
+            logits[name] = model(ids).logits.numpy()
+    assert np.abs(logits["tp1"] - logits["tp2"]).max() <= 1e-4
+
+
+def test_tp2_rank_holds_half_the_model_state(tp_runs):
+    one = json.loads((tp_runs / "tp1" / "state_rank0.json").read_text())["model_state_bytes"]
+    for rank in (0, 1):
+        two = json.loads((tp_runs / "tp2" / f"state_rank{rank}.json").read_text())["model_state_bytes"]
+        print(f"model state per rank: TP=1 {one / 2**20:.2f} MiB, TP=2 rank {rank} {two / 2**20:.2f} MiB "
+              f"({two / one:.3f}x)")
+        assert 0.5 <= two / one <= 0.55
