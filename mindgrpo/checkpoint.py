@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import hashlib
 import json
 import os
@@ -43,6 +44,20 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_DIR = re.compile(r"^\.tmp-(?:(replaced|discard)-)?step_(\d+)-(\d+)-[0-9a-f]+$")
 _PART_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _HASH_CHUNK = 4 << 20  # 4 MiB: large enough for full disk speed, small enough to hash 60 GB optimizer states
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a full disk, a quota, RLIMIT_FSIZE
+
+
+def out_of_space(err: BaseException) -> bool:
+    """Whether `err` (or an error it was raised from) is a write that found no space: an OSError with one of
+    NO_SPACE_ERRNOS, or safetensors' Rust I/O error, which carries only its text ("... (os error 28)")."""
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
+            return True
+        code = re.search(r"\(os error (\d+)\)", str(err))
+        if code and int(code.group(1)) in NO_SPACE_ERRNOS:
+            return True
+        err = err.__cause__
+    return False
 
 
 class CheckpointError(RuntimeError):
@@ -149,6 +164,9 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Ma
         save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
     except Exception as e:
         tmp.unlink(missing_ok=True)
+        if out_of_space(e):
+            raise CheckpointError(f"no space left to write {path} ({e}: disk full, over quota or over a file-size "
+                                  "limit); free space, then resume with --resume_training") from e
         raise CheckpointError(f"cannot write {path}: {e}") from e
     _commit_file(tmp, path)
 
@@ -312,8 +330,15 @@ class CheckpointManager:
             manifest["files"] = self._describe_files(tmp)
             save_json(tmp / MANIFEST, manifest)
             _fsync_dir(tmp)
-        except BaseException:
+        except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
+            if out_of_space(err) and not isinstance(err, CheckpointError):
+                reason = getattr(err, "strerror", None) or err
+                raise CheckpointError(f"no space left to write checkpoint step {step} into {self.save_dir} "
+                                      f"({reason}: disk full, over quota or over a file-size limit). Its build "
+                                      "folder was removed and the earlier checkpoints are intact: free space (or "
+                                      "lower rl_config.save_max_ckpt_num), then resume with --resume_training"
+                                      ) from err
             raise
         final = self._commit(tmp, step)
         self._prune(final, step)

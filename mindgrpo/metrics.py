@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-from mindgrpo.checkpoint import atomic_open
+from mindgrpo.checkpoint import NO_SPACE_ERRNOS, atomic_open
 
 METRIC_NAMES: tuple[str, ...] = (
     "timing/all",                  # seconds for the whole step
@@ -185,6 +185,29 @@ def _drop_torn_tail(path: Path) -> None:
     warnings.warn(f"{path}: removed a partial last line left by an interrupted run", stacklevel=3)
 
 
+def _append_lines(path: Path, text: str) -> None:
+    """Append whole lines or nothing: a write that fails part-way (disk full) is cut back to the file's previous
+    end, so the file stays valid line by line. Opened per call: one short write per step, nothing buffered to lose,
+    and truncate_after can rewrite the file freely."""
+    data = text.encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(fd, data[written:])
+        except OSError as err:
+            os.ftruncate(fd, end)
+            reason = err.strerror
+            if err.errno in NO_SPACE_ERRNOS:
+                reason = "no space left: disk full, over quota or over a file-size limit"
+            raise OSError(err.errno, f"{path}: could not append ({reason}); the file was left as it was before "
+                                     "this write. Free space, then resume with --resume_training") from err
+    finally:
+        os.close(fd)
+
+
 class MetricsLogger:
     """Per-step metrics to `metrics.jsonl`, TensorBoard and the console; sampled completions to JSONL.
 
@@ -269,8 +292,7 @@ class MetricsLogger:
                    "gold": record.get("gold"), "prompt": record["prompt"], "completion": record["completion"]}
             out.update({k: v for k, v in record.items() if k not in out})
             lines.append(json.dumps(_sanitize(out), ensure_ascii=False, allow_nan=False) + "\n")
-        with open(self.completions_path, "a", encoding="utf-8") as f:
-            f.write("".join(lines))
+        _append_lines(self.completions_path, "".join(lines))
 
     def close(self) -> None:
         if self._writer is not None:
@@ -287,9 +309,7 @@ class MetricsLogger:
         self.close()
 
     def _append(self, path: Path, record: Mapping[str, Any]) -> None:
-        # Open per call: one short write per step, nothing buffered to lose, and truncate_after can rewrite freely.
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
+        _append_lines(path, json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
 
     def _tensorboard_writer(self):
         if self._writer is None:

@@ -26,11 +26,21 @@ adds up what one rank holds at its peak, in bytes:
   recompute, see :func:`activation_bytes`.
 * **update**: the optimizer step's temporaries, after the activations are gone: the data-parallel-reduced
   gradients and their clipped copy, alive together before they are written back: ``2 x gradients``.
+* **runtime**: what the process holds beyond the model's tensors, a documented constant per ``--device``
+  (:data:`RUNTIME_BYTES`, :func:`runtime_bytes`). ``ascend``: HCCL's send and receive buffers, ``2 x HCCL_BUFFSIZE``
+  (CANN's default 200 MB) for each communication group the rank is in (the world, its tensor-parallel and its
+  data-parallel group, when each has more than one rank and differs from the world), as CANN's ``HCCL_BUFFSIZE``
+  reference states; nothing here measured Ascend's workspace or graph memory, which stay in the headroom.
+  ``cpu``: measured with ``tools/bench_tp.py``'s run of ``small`` (MindSpore 2.9.0, one prompt width): the compiled
+  rollout, scoring, training and gradient-norm graphs and the framework's allocations beside the modelled tensors.
 
-``total`` is the resident parts (weights, gradients, optimizer, kv_cache, reference) plus the larger of the
-activations (the figure of the config's ``actor_config.recompute``) and the update. A layout **fits** when
-``total <= HEADROOM x device memory``: the other 10 % is for what the sum does not model (the framework runtime,
-communication buffers, workspace, compiled graphs, fragmentation). The
+``total`` is the resident parts (weights, gradients, optimizer, kv_cache, reference, runtime) plus the transient:
+on ``ascend`` the larger of the activations (the figure of the config's ``actor_config.recompute``) and the update,
+which reuse one device pool; on ``cpu`` their sum, with the scoring forward's activations added to the training
+step's, because there every compiled graph keeps its own memory for the life of the process (measured: the
+reference forward, the training micro-batch and the update each grew RSS in turn, none reused another's). A layout
+**fits** when ``total <= HEADROOM x device memory``: the other 10 % is for what the sum does not model (on Ascend the
+workspace and compiled graphs, and fragmentation). The
 **recommended** layout is the fitting one with the smallest ``model_parallel`` (less communication per token), ties
 to the most headroom. Device sizes are binary: ``64GB`` = ``64GiB`` = ``65536MB`` (an Ascend 910B's 64 GB of HBM
 is 64 GiB; ``npu-smi`` reports 65536 MB).
@@ -48,14 +58,30 @@ import re
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
-HEADROOM = 0.9  # share of device memory the modelled parts may take; the rest is framework, workspace, graphs
+HEADROOM = 0.9  # share of device memory the modelled parts may take; the rest is workspace, graphs, fragmentation
+DEVICES = ("ascend", "cpu")
+HCCL_BUFFSIZE = 200 * 2**20  # CANN's default HCCL_BUFFSIZE (200 MB); each communication group holds 2 of them
+# CPU, per process, beyond the modelled tensors: bench_tp.py's `small` run (TP=1, MindSpore 2.9.0, one prompt
+# width), stage by stage: RSS growth minus the planner's own figure for that stage (MiB).
+CPU_RUNTIME_MIB = {"build": 86,         # Policy(...): the rollout engine's buffers and framework objects
+                   "rollout": 266,      # prefill + decode graphs and the prefill's pool, beside the KV cache
+                   "scoring": 96,       # the reference log-prob graph (442 MiB), beside its activations (346)
+                   "training": 92,      # the training micro-batch's graph (1067 MiB), beside its activations (975)
+                   "drop": 96}          # precompile's host-side zeroing of the accumulators (one gradient copy)
+RUNTIME_BYTES = {"ascend": 0, "cpu": sum(CPU_RUNTIME_MIB.values()) * 2**20}  # ascend: + HCCL, see runtime_bytes
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_COPIES_TRAIN = 4  # float32 [tokens, vocab/tp]: logits, log-softmax, softmax (entropy), their gradient
 LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
+# float32 attention-score tensors a layer holds at once (Qwen2Blocks / SharedPromptForward): the concatenated
+# prompt|own scores, the scaled and biased softmax input, the softmax output, and its prompt and own slices that
+# feed the two context products. Measured on CPU (small, TP=1): the training micro-batch's RSS grew 486 MiB per 8
+# completions where one copy predicted 320, i.e. three score copies per layer more than one.
+SCORE_COPIES = 4
 DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/native.py)
 UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (policy.ReduceAndClip), before the write-back
 PARTS = ("weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
-         "reference")
+         "reference", "runtime")
+RESIDENT = ("weights", "gradients", "optimizer", "kv_cache", "reference", "runtime")
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
@@ -179,9 +205,10 @@ def _forward_sizes(hf_config: Mapping, model_parallel: int, completions: int, nu
 
 def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch_size: int, num_generations: int,
                      prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
-                     recompute: bool = False, scoring_batch_size: int = 0) -> int:
+                     recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False) -> int:
     """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
-    forward of ``scoring_batch_size`` completions when that is larger.
+    forward of ``scoring_batch_size`` completions when that is larger; with ``separate_pools`` (CPU, where each
+    compiled graph keeps its memory) the two added.
 
     Per micro-batch of ``m`` completions (``G`` per prompt), prompt length ``P``, completion length ``T``, on a rank
     with ``h`` query heads, ``kv`` KV heads, head size ``d``, hidden size ``H``, intermediate ``I/tp``, vocabulary
@@ -192,8 +219,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
              (prompt-causal blocks, and each completion over [its prompt | itself])
         layer = 4 N H c                   hidden in, attention residual out, the two RMSNorm outputs
               + 3 N d (h + kv) c          q and k before and after RoPE, v, the attention context
-              + S (4 + c)                 float32 softmax output (its backward) + its compute-dtype copy
-                                          (no copy in float32)
+              + S (4 x 4 + c)             SCORE_COPIES float32 score tensors (concatenated scores, softmax
+                                          input, output, its slices) + a compute-dtype copy (none in float32)
               + 4 N (I/tp) c              SwiGLU: gate, silu(gate), up, their product
         masks  = 4 S / kv                 float32 additive biases, shared by the layers and KV heads
         logits = 4 x 4 m T (V/tp)         float32 over completion positions only: logits, log-softmax,
@@ -201,6 +228,10 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
 
         without recompute:  L layer + 2 N H c (embedding, final norm) + masks + logits
         with recompute:     L N H c (each layer's input) + layer (the one being recomputed) + masks + logits
+                            (SharedPromptForward(recompute=True): each layer is a recomputed Cell whose output,
+                            the next layer's input, is all it keeps; the backward rebuilds one layer at a time)
+        not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
+                            layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
         scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
     """
     hf = hf_config
@@ -213,7 +244,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
     def one_forward(completions: int, logit_copies: int):
         n, s, completion_tokens = _forward_sizes(hf, model_parallel, completions, num_generations, prompt_len,
                                                  completion_len, share_prompt)
-        layer = 4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 + (c if c != 4 else 0)) + 4 * n * inter * c
+        layer = (4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 * SCORE_COPIES + (c if c != 4 else 0))
+                 + 4 * n * inter * c)
         shared = 4 * s // kv + logit_copies * 4 * completion_tokens * vocab
         return n, layer, shared
 
@@ -222,7 +254,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
     if scoring_batch_size < 1:
         return train
     n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE)
-    return max(train, layer + 2 * n * hidden * c + shared)
+    scoring = layer + 2 * n * hidden * c + shared
+    return train + scoring if separate_pools else max(train, scoring)
 
 
 def kv_cache_bytes(hf_config: Mapping, *, model_parallel: int = 1, batch: int, prompt_len: int, max_tokens: int,
@@ -234,13 +267,23 @@ def kv_cache_bytes(hf_config: Mapping, *, model_parallel: int = 1, batch: int, p
             * layout.head_dim * DTYPE_BYTES[compute_dtype])
 
 
+def runtime_bytes(device: str, *, data_parallel: int, model_parallel: int) -> int:
+    """What one process holds beyond the modelled tensors (see the module docstring): on ``cpu`` the measured
+    :data:`CPU_RUNTIME_MIB`; on ``ascend`` ``2 x HCCL_BUFFSIZE`` per communication group the rank is in."""
+    if device not in DEVICES:
+        raise PlanError(f"device {device!r}: must be one of {', '.join(DEVICES)}")
+    world = data_parallel * model_parallel
+    groups = (world > 1) + (1 < model_parallel < world) + (1 < data_parallel < world)
+    return RUNTIME_BYTES[device] + (2 * HCCL_BUFFSIZE * groups if device == "ascend" else 0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # Layouts
 
 def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parallel: int,
-                 device_memory: int = 0) -> Dict[str, int]:
-    """Per-rank bytes of each part (see the module docstring) and their ``total`` for one layout of ``config``
-    (``device_memory`` only sizes a vllm rollout pool)."""
+                 device_memory: int = 0, device: str = "ascend") -> Dict[str, int]:
+    """Per-rank bytes of each part (see the module docstring) and their ``total`` for one layout of ``config`` on
+    ``device`` (``device_memory`` only sizes a vllm rollout pool)."""
     rl, actor, gen = config.rl_config, config.actor_config, config.generate_config
     sampling = gen.sampling_config
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
@@ -249,7 +292,8 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     shape = dict(model_parallel=model_parallel, micro_batch_size=actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
                  completion_len=sampling.max_tokens, compute_dtype=actor.compute_dtype,
-                 share_prompt=rl.share_prompt, scoring_batch_size=config.ref_config.ref_model_batch_size)
+                 share_prompt=rl.share_prompt, scoring_batch_size=config.ref_config.ref_model_batch_size,
+                 separate_pools=device == "cpu")
     if gen.backend == "vllm":
         cache = int(gen.gpu_memory_utilization * device_memory)
     else:
@@ -259,13 +303,15 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     parts = {"weights": state["weights"], "gradients": state["gradients"], "optimizer": state["optimizer"],
              "activations": activation_bytes(hf_config, recompute=False, **shape),
              "activations_recompute": activation_bytes(hf_config, recompute=True, **shape),
-             "update": UPDATE_GRADIENT_COPIES * state["gradients"], "kv_cache": cache, "reference": state["reference"]}
-    transient = max(parts["activations_recompute" if actor.recompute else "activations"], parts["update"])
-    parts["total"] = sum(parts[k] for k in ("weights", "gradients", "optimizer", "kv_cache", "reference")) + transient
+             "update": UPDATE_GRADIENT_COPIES * state["gradients"], "kv_cache": cache, "reference": state["reference"],
+             "runtime": runtime_bytes(device, data_parallel=data_parallel, model_parallel=model_parallel)}
+    used = parts["activations_recompute" if actor.recompute else "activations"]
+    transient = used + parts["update"] if device == "cpu" else max(used, parts["update"])
+    parts["total"] = sum(parts[k] for k in RESIDENT) + transient
     return parts
 
 
-def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_parallel: int) -> str:
+def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_parallel: int, device: str) -> str:
     """Why a layout does not fit: the training state alone when it is over the budget, else the largest parts
     that, added to it, are."""
     state = parts["weights"] + parts["gradients"] + parts["optimizer"]
@@ -276,9 +322,11 @@ def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_paral
         return head + f"the training state alone, {detail} = {format_bytes(state)}, is over it" + (
             " (model_parallel 1: every rank holds the whole model)" if model_parallel == 1 else "")
     used = "activations_recompute" if recompute else "activations"
-    transient = max((("update", parts["update"]), ("activations", parts[used])), key=lambda kv: kv[1])
-    others = sorted([("kv_cache", parts["kv_cache"]), ("reference", parts["reference"]), transient],
-                    key=lambda kv: -kv[1])
+    transients = [("update", parts["update"]), ("activations", parts[used])]
+    if device != "cpu":  # one device pool: only the larger of the two counts
+        transients = [max(transients, key=lambda kv: kv[1])]
+    others = sorted([("kv_cache", parts["kv_cache"]), ("reference", parts["reference"]),
+                     ("runtime", parts["runtime"]), *transients], key=lambda kv: -kv[1])
     names, running = [f"training state {format_bytes(state)} ({detail})"], state
     for name, value in others:
         names.append(f"{name} {format_bytes(value)}")
@@ -288,9 +336,10 @@ def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_paral
     return head + " + ".join(names) + f" = {format_bytes(running)}"
 
 
-def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping) -> dict:
+def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping, device: str = "ascend") -> dict:
     """Every ``data_parallel x model_parallel = workers`` layout (pipeline_stage 1) with its per-rank bytes, whether
-    it fits ``HEADROOM x device_memory``, the recommended one (None when none fits) and advice.
+    it fits ``HEADROOM x device_memory`` of a ``device`` (``ascend`` or ``cpu``: its runtime part and transient
+    rule), the recommended one (None when none fits) and advice.
 
     Returns ``{"layouts": [...], "skipped": [...], "recommended": layout or None, "device_memory", "headroom",
     "budget", "model": {...}, "settings": {...}, "advice": [...]}``; each layout is ``{"data_parallel",
@@ -300,6 +349,7 @@ def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping) -
         raise PlanError(f"--workers {workers}: must be at least 1")
     if device_memory < 1:
         raise PlanError(f"device memory {device_memory}: must be more than 0 bytes")
+    runtime_bytes(device, data_parallel=1, model_parallel=1)  # an unknown device fails here, with its message
     budget = int(HEADROOM * device_memory)
     recompute = config.actor_config.recompute
     layouts: List[dict] = []
@@ -311,21 +361,23 @@ def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping) -
                             "why": "; ".join(problems)})
             continue
         parts = layout_bytes(config, hf_config, data_parallel=workers // mp, model_parallel=mp,
-                             device_memory=device_memory)
+                             device_memory=device_memory, device=device)
         fits = parts["total"] <= budget
         layouts.append({"data_parallel": workers // mp, "model_parallel": mp, "pipeline_stage": 1, "fits": fits,
-                        "bytes": parts, "why_not": "" if fits else _why_not(parts, budget, recompute, mp)})
+                        "bytes": parts, "why_not": "" if fits else _why_not(parts, budget, recompute, mp, device)})
     fitting = [lay for lay in layouts if lay["fits"]]
     recommended = min(fitting, key=lambda lay: (lay["model_parallel"], lay["bytes"]["total"]), default=None)
     n = local_parameters(hf_config, 1)
-    return {"layouts": layouts, "skipped": skipped, "recommended": recommended, "device_memory": device_memory,
+    return {"layouts": layouts, "skipped": skipped, "recommended": recommended, "device": device,
+            "device_memory": device_memory,
             "headroom": HEADROOM, "budget": budget, "workers": workers,
             "model": {"parameters": n, "unsharded_state_bytes": 16 * n,
                       **{k: hf_config.get(k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                                        "num_key_value_heads", "intermediate_size", "vocab_size")},
                       "tie_word_embeddings": bool(hf_config.get("tie_word_embeddings", False))},
             "settings": _settings(config),
-            "advice": [] if recommended else _advice(config, hf_config, layouts, budget, device_memory)}
+            "advice": [] if recommended else _advice(config, hf_config, layouts, budget, device_memory,
+                                                             device)}
 
 
 def _settings(config) -> dict:
@@ -352,7 +404,8 @@ def vllm_minimum_pool(config, hf_config: Mapping) -> int:
                              compute_dtype=dtype))
 
 
-def _advice(config, hf_config: Mapping, layouts: Sequence[dict], budget: int, device_memory: int) -> List[str]:
+def _advice(config, hf_config: Mapping, layouts: Sequence[dict], budget: int, device_memory: int,
+            device: str) -> List[str]:
     """What to change when no layout fits."""
     if not layouts:
         return ["no layout splits this model over these workers: change the worker count (see skipped)"]
@@ -374,7 +427,8 @@ def _advice(config, hf_config: Mapping, layouts: Sequence[dict], budget: int, de
                           "use generate_config.backend: native")
     best = min(layouts, key=lambda lay: lay["bytes"]["total"])
     parts, where = best["bytes"], f"data_parallel {best['data_parallel']}, model_parallel {best['model_parallel']}"
-    saved = parts["activations"] - max(parts["activations_recompute"], parts["update"])
+    saved = parts["activations"] - (parts["activations_recompute"] if device == "cpu" else
+                                     max(parts["activations_recompute"], parts["update"]))
     if not config.actor_config.recompute and saved > 0:
         advice.append(f"actor_config.recompute: true lowers the peak by {format_bytes(saved)} with {where}")
     advice.append(f"more workers (a larger model_parallel), a smaller actor_config.micro_batch_size, or devices with "
@@ -396,9 +450,9 @@ def format_plan(plan: dict, source: str = "") -> str:
         f"{model['vocab_size']}, {'tied' if model['tie_word_embeddings'] else 'untied'} embeddings)",
         f"  float32 weights + gradients + 2 AdamW moments = 16 bytes/parameter = "
         f"{model['unsharded_state_bytes'] / 1e9:.1f} GB ({format_bytes(model['unsharded_state_bytes'])}) unsharded",
-        f"devices: {plan['workers']} x {format_bytes(plan['device_memory'])}; budget per rank "
-        f"{format_bytes(plan['budget'])} ({plan['headroom']:.0%}; the rest is for the framework, workspace and "
-        "compiled graphs)",
+        f"devices: {plan['workers']} x {format_bytes(plan['device_memory'])} ({plan['device']}); budget per rank "
+        f"{format_bytes(plan['budget'])} ({plan['headroom']:.0%}; the rest is for workspace, compiled graphs and "
+        "fragmentation)",
         "run: micro_batch_size {micro_batch_size}, recompute {rc}, share_prompt {sp}, prompt {max_prompt_length} + "
         "completion {max_tokens} tokens, {compute_dtype} compute, reference {ref}, ZeRO-1 {zero}, rollout {rollout}"
         .format(**settings, rc="on" if settings["recompute"] else "off", sp="on" if settings["share_prompt"] else
@@ -411,19 +465,23 @@ def format_plan(plan: dict, source: str = "") -> str:
     ]
     used = "activations_recompute" if settings["recompute"] else "activations"
     header = ["dp x mp x pp", "weights", "gradients", "optimizer", "activations", "act.recompute", "update",
-              "kv_cache", "reference", "total", "fits"]
+              "kv_cache", "reference", "runtime", "total", "fits"]
     rows = [header]
     for lay in plan["layouts"]:
         b = lay["bytes"]
-        transient = used if b[used] >= b["update"] else "update"
-        cells = [format_bytes(b[k]) + ("*" if k == transient else "") for k in PARTS]
+        transient = ({used, "update"} if plan["device"] == "cpu" else
+                     {used if b[used] >= b["update"] else "update"})
+        cells = [format_bytes(b[k]) + ("*" if k in transient else "") for k in PARTS]
         rows.append([f"{lay['data_parallel']} x {lay['model_parallel']} x {lay['pipeline_stage']}", *cells,
                      format_bytes(b["total"]), "yes" if lay["fits"] else "NO"])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines += ["  ".join(cell.rjust(w) if i else cell.ljust(w) for i, (cell, w) in enumerate(zip(row, widths)))
               for row in rows]
-    lines.append(f"(* the transient in the total: the larger of the update and the activations with "
-                 f"actor_config.recompute {'true' if settings['recompute'] else 'false'}; kv_cache is "
+    rule = "the sum" if plan["device"] == "cpu" else "the larger"
+    lines.append(f"(* the transient in the total: {rule} of the update and the activations with "
+                 f"actor_config.recompute {'true' if settings['recompute'] else 'false'}; runtime is "
+                 f"{'HCCL buffers' if plan['device'] == 'ascend' else 'compiled graphs and framework, measured'}; "
+                 "kv_cache is "
                  f"{'the whole vllm pool' if settings['backend'] == 'vllm' else 'the rollout KV cache'})")
     for skip in plan["skipped"]:
         lines.append(f"skipped {skip['data_parallel']} x {skip['model_parallel']} x {skip['pipeline_stage']}: "
@@ -467,6 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                     "actor_config.parallel_config)")
     parser.add_argument("--device-memory", "--device_memory", dest="device_memory", required=True,
                         help="memory of one device: 64GB, 64GiB, 65536MB or bytes (binary units)")
+    parser.add_argument("--device", choices=DEVICES, default="ascend",
+                        help="what the ranks run on: its runtime part and how transients share memory "
+                             "(default ascend)")
     parser.add_argument("--model", help="Hugging Face folder whose config.json to plan for (default: "
                                         "actor_config.load)")
     parser.add_argument("--json", action="store_true", help="print the plan as one JSON object")
@@ -488,7 +549,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if layout.pipeline_stage > 1:
             print(f"note: actor_config.parallel_config.pipeline_stage = {layout.pipeline_stage} is refused by the "
                   "trainer; planning pipeline_stage 1 layouts", file=sys.stderr)
-        plan = plan_layouts(config, workers, device_memory, hf_config)
+        plan = plan_layouts(config, workers, device_memory, hf_config, args.device)
     except (PlanError, ConfigError, ModelConfigError, FileNotFoundError) as err:
         parser.exit(2, f"error: {err}\n")
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan, source=f"{folder}/config.json"))

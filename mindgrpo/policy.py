@@ -74,10 +74,14 @@ class CompletionLogProbs(nn.Cell):
                 parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
 
 
-def completion_forward(model: nn.Cell, config: GRPOConfig) -> nn.Cell:
-    """The forward ``rl_config.share_prompt`` selects for ``model``."""
+def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = False) -> nn.Cell:
+    """The forward ``rl_config.share_prompt`` selects for ``model``. ``backward``: it is the actor's training
+    forward, so ``actor_config.recompute`` applies (scoring without a backward never recomputes)."""
     rl = config.rl_config
-    return SharedPromptForward(model, rl.num_generations, rl.seq_length) if rl.share_prompt else UnsharedForward(model)
+    if not rl.share_prompt:
+        return UnsharedForward(model)
+    return SharedPromptForward(model, rl.num_generations, rl.seq_length,
+                               recompute=backward and config.actor_config.recompute)
 
 
 class GRPOLossCell(nn.Cell):
@@ -241,7 +245,7 @@ class Policy:
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
             max_completion_length=sampling.max_tokens, impl=rl.loss_impl)
         group = rl.batch_size * rl.num_generations
-        actor_forward = completion_forward(self.actor, config)
+        actor_forward = completion_forward(self.actor, config, backward=True)
         loss_cell = GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=rl.num_iterations == 1,
                                  grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.dp_size)
         accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
@@ -250,7 +254,9 @@ class Policy:
                                               self.layout if dist.tp_size > 1 else None, self.param_names)
         self._apply = ApplyGradients(accumulators, self.optimizer)
         self._accumulators = accumulators
-        self._actor_logprobs = CompletionLogProbs(actor_forward, sampling.temperature)
+        # old-logprob scoring has no backward: the training forward serves unless it is marked for recompute
+        scoring_forward = completion_forward(self.actor, config) if actor_cfg.recompute else actor_forward
+        self._actor_logprobs = CompletionLogProbs(scoring_forward, sampling.temperature)
         self._ref_logprobs = (CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
                               if self.reference is not None else None)
 

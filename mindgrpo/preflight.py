@@ -39,7 +39,10 @@ def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: Prom
     _check_same_tokenizer(dataset, tokenizer, config.tokenizer_dir, hint)
     from mindgrpo.models.hf_config import read_hf_config  # lazy: keeps this module free of MindFormers imports
 
-    for key, model_dir in (("actor_config.load", config.actor_config.load), ("ref_config.load", config.ref_load)):
+    models = [("actor_config.load", config.actor_config.load)]
+    if rl.beta > 0 and config.ref_load != config.actor_config.load:  # beta = 0 never builds the reference
+        models.append(("ref_config.load", config.ref_load))
+    for key, model_dir in models:
         vocab = int(read_hf_config(model_dir)["vocab_size"])
         highest = max(tokenizer.vocab_size - 1, int(dataset.input_ids.max()))
         if highest >= vocab:
@@ -47,8 +50,6 @@ def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: Prom
                             f"{config.tokenizer_dir} has {tokenizer.vocab_size} tokens (and the data token ids up "
                             f"to {int(dataset.input_ids.max())}): the model and tokenizer are from different "
                             "models; point rl_config.tokenizer_dir (or actor_config.load) at matching folders")
-        if key == "actor_config.load" and config.ref_load == model_dir:
-            break
 
 
 def _check_same_tokenizer(dataset: PromptDataset, tokenizer: "Tokenizer", tokenizer_dir: str, hint: str) -> None:

@@ -105,7 +105,7 @@ class GRPOTrainer:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             dump_yaml(config, self.output_dir / "config.yaml")
         self.metrics = MetricsLogger(self.output_dir, rank=self.dist.rank, total_steps=self.total_steps)
-        if self.step:
+        if rl.resume_training:  # also from step 0: drop the steps a run killed before its first checkpoint logged
             self.metrics.truncate_after(self.step)
         self._batches: Iterator[PromptBatch] = self.dataset.batches(
             rl.batch_size, seed=rl.seed, rank=self.dist.dp_rank, world_size=self.dist.dp_size)

@@ -220,6 +220,28 @@ def test_failing_writer_leaves_nothing(tmp_path):
     assert _tmp_folders(tmp_path) == []
 
 
+def test_no_space_while_writing_is_a_clear_error_and_keeps_the_previous_checkpoint(tmp_path):
+    """ENOSPC (a full disk) or EFBIG (a file-size limit) from a writer, or safetensors' error text for one."""
+    import errno
+
+    from mindgrpo.checkpoint import out_of_space
+
+    manager = CheckpointManager(tmp_path)
+    good = manager.save(1, _writers(1.0))
+
+    def full(folder: Path) -> None:
+        (folder / "half.bin").write_bytes(b"x" * 100)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointError, match=rf"no space left to write checkpoint step 2 into {tmp_path} \(No "
+                                              r"space left on device: disk full.*earlier checkpoints are intact"):
+        manager.save(2, {**_writers(2.0), "zfull": full})
+    assert manager.list() == [good] and manager.latest() == good and _tmp_folders(tmp_path) == []
+    rust = RuntimeError("Error while serializing: I/O error: File too large (os error 27)")
+    assert out_of_space(rust) and not out_of_space(RuntimeError("Error (os error 2)"))
+    assert out_of_space(CheckpointError("cannot write")) is False
+
+
 def test_bad_arguments_fail_before_writing(tmp_path):
     manager = CheckpointManager(tmp_path)
     called = []

@@ -1,13 +1,16 @@
 """scripts/run_grpo_multinode.sh: the msrun command it builds, its argument checks, and two real msrun "nodes" on
-this machine (with a probe script standing in for main.py, so no training code is involved)."""
+this machine: with a probe script standing in for main.py (no training code involved), and running the GRPO job
+with model_parallel 2 (TP=2), whose weights must equal those of the same job with model_parallel 1 in one process."""
 import os
 import shutil
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from multinode import LAUNCHER, REPO, check_nodes, launch_nodes
+from test_trainer import make_config, prompts  # noqa: F401  (the shared GSM8K prompt fixture)
 
 CONFIG = REPO / "examples" / "grpo" / "grpo_qwen2_5_32b_2nodes.yaml"
 PROBE = """
@@ -92,3 +95,51 @@ exec "{sys.executable}" "{real}" "${{args[@]}}"
     for node, run in enumerate(runs):
         (log,) = run.worker_logs()
         assert f"PROBE rank={node} size=2 argv=['--config', '{CONFIG}', 'rl_config.seed=3']" in log.read_text()
+
+
+def test_tp2_grpo_job_as_two_msrun_nodes_equals_one_process(tmp_path, prompts, tiny_model_dir):
+    """The TP=2 GRPO job (examples/grpo/main.py on the tiny fixture, 2 steps, lr 1e-4) as two msrun "nodes" of one
+    worker each ends with the weights of the same job with model_parallel 1 in one process, run at the same time.
+    Step 1 has all-zero rewards on this data (no update); step 2 is the first update, so the weights must have moved.
+    (1e-5 and lr 1e-4 as in tests/test_tensor_parallel.py: AdamW's first step turns float32 reassociation differences
+    of the split matmuls into weight differences proportional to lr.)"""
+    if shutil.which("msrun") is None:
+        pytest.skip("msrun not on PATH")
+    from safetensors.numpy import load_file
+
+    from mindgrpo.config import dump_yaml
+
+    def config(name, model_parallel):
+        cfg = make_config(tmp_path / name, prompts, tiny_model_dir, max_steps=2)
+        cfg.actor_config.lr_schedule.learning_rate = 1e-4
+        for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
+            section.parallel_config.model_parallel = model_parallel
+        dump_yaml(cfg, tmp_path / f"{name}.yaml")
+        return tmp_path / f"{name}.yaml"
+
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}  # toy_verifiers
+    with open(tmp_path / "tp1.out", "w") as out:  # started first, so it runs while the two nodes do
+        tp1 = subprocess.Popen([sys.executable, str(REPO / "examples" / "grpo" / "main.py"), "--config",
+                                str(config("tp1", 1))], cwd=tmp_path, env={**os.environ, **env}, stdout=out,
+                               stderr=subprocess.STDOUT)
+    try:
+        runs = launch_nodes(config("tp2", 2), nodes=2, workers_per_node=1, log_root=tmp_path / "logs", cwd=tmp_path,
+                            env=env, timeout=300)
+        tp1.wait(timeout=300)
+    finally:
+        if tp1.poll() is None:
+            tp1.kill()
+            tp1.wait()
+    check_nodes(runs)
+    assert "[mindgrpo] done: 2 steps" in runs[0].worker_logs()[0].read_text()
+    assert tp1.returncode == 0, (tmp_path / "tp1.out").read_text()[-4000:]
+    two, one = (load_file(tmp_path / name / "checkpoints" / "step_00000002" / "model" / "model.safetensors")
+                for name in ("tp2", "tp1"))
+    assert set(two) == set(one)
+    worst = max(float(np.abs(two[k] - one[k]).max()) for k in two)
+    initial = load_file(tiny_model_dir / "model.safetensors")
+    moved = max(float(np.abs(one[k] - initial[k]).max()) for k in initial if k in one)
+    print(f"TP=2 GRPO as two msrun nodes vs TP=1 in one process: max |weight difference| {worst:.2e} "
+          f"(the update moved weights by up to {moved:.2e})")
+    assert worst <= 1e-5, worst
+    assert moved > 5e-5, moved

@@ -159,13 +159,16 @@ def test_cli_json(model_7b):
     plan = json.loads(out.stdout)
     assert plan["device_memory"] == 64 * GiB and plan["model"]["parameters"] == 7_615_616_512
     parts = {"weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
-             "reference", "total"}
+             "reference", "runtime", "total"}
     for lay in plan["layouts"]:
         assert {"data_parallel", "model_parallel", "pipeline_stage", "fits", "bytes"} <= set(lay)
         assert set(lay["bytes"]) == parts and lay["pipeline_stage"] == 1
         assert lay["data_parallel"] * lay["model_parallel"] == 8
         b = lay["bytes"]
-        resident = b["weights"] + b["gradients"] + b["optimizer"] + b["kv_cache"] + b["reference"]
+        resident = b["weights"] + b["gradients"] + b["optimizer"] + b["kv_cache"] + b["reference"] + b["runtime"]
+        # ascend (the default): HCCL's 2 x 200 MB per communication group: the world, plus TP and DP groups
+        groups = 1 + (1 < lay["model_parallel"] < 8) + (1 < lay["data_parallel"] < 8)
+        assert b["runtime"] == groups * 2 * 200 * 2**20
         assert b["total"] == resident + max(b["activations_recompute"], b["update"])  # recompute: true
     assert plan["recommended"] in plan["layouts"] and plan["recommended"]["fits"]
 

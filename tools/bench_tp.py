@@ -19,9 +19,11 @@ counted. The `--threads` CPU threads are split evenly over a run's processes. It
     peak_rss_mib     per rank, peak resident memory of the process (and peak_rss_mib_max, the largest)
     plan             per rank, the planner against measured memory:
                        state:  model_state_bytes(...)["total"]  vs  RSS growth while `Policy(...)` is built
-                               (actor, reference, rollout engine, gradient accumulators, AdamW moments)
-                       peak:   layout_bytes(...)["total"]        vs  peak RSS after the first step - RSS before
-                                                                     `Policy(...)` (precompiled graphs included)
+                               (actor, reference, rollout engine, gradient accumulators, AdamW moments; the
+                               last two written once first, as the first update would)
+                       peak:   layout_bytes(..., device="cpu")["total"]  vs  peak RSS after the first step -
+                               RSS before `Policy(...)` (precompiled graphs included; the planner's cpu runtime
+                               part and its rule that each graph keeps its own memory, see mindgrpo/plan.py)
                      error = |predicted - measured| / measured, which must be <= 0.25 (`ok`)
 
 and last one comparison line with every layout's tokens/s and largest per-rank peak RSS as ratios to TP=1's.
@@ -53,6 +55,8 @@ from benchlib import FIXTURE, GSM8K_TRAIN, REPO, write_small_model
 LAYOUTS = {"tp1": dict(data_parallel=1, model_parallel=1), "tp2": dict(data_parallel=1, model_parallel=2),
            "dp2": dict(data_parallel=2, model_parallel=1)}
 PLAN_TOLERANCE = 0.25
+# each rank's memory timeline (bytes), printed in MiB
+MARKS = ("rss0", "rss1_untouched", "rss1", "rss_built", "peak_after_precompile", "peak_after_step1")
 
 
 # ----------------------------------------------------------------------------------------------- one rank
@@ -92,7 +96,7 @@ def plan_check(config, hf: dict, dp: int, tp: int, rss0: int, rss1: int, peak: i
     state = model_state_bytes(hf, model_parallel=tp, data_parallel=dp,
                               optimizer_shard=config.actor_config.parallel_config.optimizer_shard,
                               reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None)["total"]
-    total = layout_bytes(config, hf, data_parallel=dp, model_parallel=tp)["total"]
+    total = layout_bytes(config, hf, data_parallel=dp, model_parallel=tp, device="cpu")["total"]
     out = {}
     for name, predicted, measured in (("state", state, rss1 - rss0), ("peak", total, peak - rss0)):
         error = abs(predicted - measured) / measured
@@ -121,6 +125,11 @@ def run_rank(args: argparse.Namespace) -> Dict:
         marks["rss0"] = current_rss()
         policy = build_policy(*a, **k)
         gc.collect()
+        marks["rss1_untouched"] = current_rss()
+        # The accumulators and AdamW moments start as zero pages that only become resident when the first update
+        # writes them; write their zeros now (asnumpy() is a view of a CPU tensor) so rss1 counts them.
+        for state in (*policy._accumulators, *policy.optimizer.exp_avg, *policy.optimizer.exp_avg_sq):
+            state.asnumpy().fill(0)
         marks["rss1"] = current_rss()
         return policy
 
@@ -129,7 +138,9 @@ def run_rank(args: argparse.Namespace) -> Dict:
         trainer = GRPOTrainer(config)
     finally:
         mindgrpo.policy.Policy = build_policy
+    marks["rss_built"] = current_rss()  # the trainer built (the zero-initialised state is not yet touched)
     trainer.precompile()
+    marks["peak_after_precompile"] = peak_rss()  # every graph of the run compiled
     steps = []
     for i in range(args.steps):
         start = time.perf_counter()
@@ -162,7 +173,7 @@ def processes(layout: str) -> int:
 def layout_command(layout: str, model_dir: Path, work: Path, args: argparse.Namespace) -> List[str]:
     """The command that runs one layout: this script as a worker, under msrun for more than one process."""
     n = processes(layout)
-    worker = [str(Path(__file__).resolve()), "--worker", layout, "--model-dir", str(model_dir), "--work-dir",
+    worker = [str(Path(__file__).resolve()), "--run-layout", layout, "--model-dir", str(model_dir), "--work-dir",
               str(work), "--steps", str(args.steps), "--warmup", str(args.warmup),
               "--threads-per-process", str(max(1, args.threads // n))]
     if n == 1:
@@ -188,6 +199,7 @@ def summarize(layout: str, ranks: List[Dict], warmup: int, threads: int) -> Dict
             "peak_rss_mib": [r["peak_rss_mib"] for r in ranks],
             "peak_rss_mib_max": max(r["peak_rss_mib"] for r in ranks),
             "plan": [{"rank": r["rank"], **r["plan"]} for r in ranks],
+            "rss_marks_mib": [{k: round(r[k] / 2**20, 1) for k in MARKS} for r in ranks],
             "plan_ok": all(r["plan"][k]["ok"] for r in ranks for k in ("state", "peak"))}
 
 
@@ -229,7 +241,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="leading steps excluded from the statistics")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="CPU threads of a whole run, split evenly over its processes")
-    parser.add_argument("--worker", choices=list(LAYOUTS), help=argparse.SUPPRESS)
+    # msrun reads abbreviated options even after the script: no worker option may begin one of its own (--worker)
+    parser.add_argument("--run-layout", dest="worker", choices=list(LAYOUTS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--threads-per-process", type=int, default=0, help=argparse.SUPPRESS)

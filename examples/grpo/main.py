@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mindgrpo
 from mindgrpo.config import CLI_FLAGS, ConfigError, describe, load_config
+from mindgrpo.data import DataError
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -70,7 +71,7 @@ def main(argv=None) -> int:
         from mindgrpo.trainer import GRPOTrainer
 
         trainer = GRPOTrainer(config)
-    except ConfigError as err:
+    except (ConfigError, DataError) as err:  # bad config or data: the message says what to change
         print(f"error: {err}", file=sys.stderr)
         return 2
     trainer.train()

@@ -11,13 +11,14 @@ all ``-inf`` and produce NaNs that leak into later layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.tensor_parallel import TPComm, embed_lookup
 
 MASKED_SCORE = -1e9  # additive bias for masked attention scores; exp() of it underflows to exactly 0 in float32
@@ -44,18 +45,25 @@ class DecoderSpec:
     rms_norm_eps: float
     rope_theta: float
     qkv_bias: bool
-    tp_size: int = 1
-    """Tensor-parallel ranks the model is split over (this rank holds ``local_*`` of the heads and vocabulary)."""
-    tp_rank: int = 0
+    tp_layout: Optional[TPLayout] = None
+    """This rank's tensor-parallel slice of the heads and vocabulary (None: the whole model)."""
     tp_group: str = ""
 
     @property
+    def tp_size(self) -> int:
+        return self.tp_layout.tp if self.tp_layout else 1
+
+    @property
+    def tp_rank(self) -> int:
+        return self.tp_layout.rank if self.tp_layout else 0
+
+    @property
     def local_heads(self) -> int:
-        return self.num_heads // self.tp_size
+        return self.tp_layout.local_heads if self.tp_layout else self.num_heads
 
     @property
     def local_kv_heads(self) -> int:
-        return max(1, self.num_kv_heads // self.tp_size)
+        return self.tp_layout.local_kv_heads if self.tp_layout else self.num_kv_heads
 
     @property
     def kv_groups(self) -> int:
@@ -63,12 +71,8 @@ class DecoderSpec:
         return self.local_heads // self.local_kv_heads
 
     @property
-    def local_vocab(self) -> int:
-        return self.vocab_size // self.tp_size
-
-    @property
     def vocab_start(self) -> int:
-        return self.tp_rank * self.local_vocab
+        return self.tp_layout.vocab_start if self.tp_layout else 0
 
 
 def find_causal_lm(actor: nn.Cell) -> nn.Cell:
@@ -104,8 +108,7 @@ def decoder_weights(actor: nn.Cell) -> Tuple[DecoderSpec, List[Parameter]]:
         num_heads=num_heads, num_kv_heads=int(cfg.n_kv_heads or num_heads),
         head_dim=int(cfg.hidden_size) // num_heads, rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=float(cfg.theta), qkv_bias=bool(attn0.wq.has_bias),
-        tp_size=layout.tp if layout else 1, tp_rank=layout.rank if layout else 0,
-        tp_group=getattr(lm, "tp_group", ""))
+        tp_layout=layout, tp_group=getattr(lm, "tp_group", ""))
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
     params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, lm.lm_head.weight]
     for layer in body.layers:
