@@ -126,8 +126,8 @@ class RefConfig:
     ref_model_batch_size: int = 8
     """Completions per reference forward."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    """Layout of the reference model: the actor's (the reference runs on the same ranks with the same slices);
-    any other model_parallel or data_parallel is refused."""
+    """Layout of the reference model: the actor's (the reference runs on the same ranks with the same slices).
+    Left at the default it is the actor's; any other value that differs from the actor's is refused."""
 
 
 @dataclass
@@ -162,9 +162,9 @@ class GenerateConfig:
     kernels: a quarter of the kernel launches; CPU, float32, Qwen2's q/k/v biases; elsewhere the plain ops are
     used) or ``plain`` (MindSpore ops; the reference)."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
-    """Layout of the inference model. ``native`` reads the actor's own slices, so it must equal the actor's
-    layout; ``vllm`` may use another model_parallel (weights are resharded on sync, see
-    mindgrpo.rollout.resharding)."""
+    """Layout of the inference model. ``native`` reads the actor's own slices, so it is the actor's layout (left at
+    the default it is; another value that differs is refused); ``vllm`` may use another model_parallel (weights
+    are resharded on sync, see mindgrpo.rollout.resharding)."""
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling settings."""
     gpu_memory_utilization: float = 0.9
@@ -647,6 +647,8 @@ def _layout_problems(config: GRPOConfig) -> List[str]:
     if backend != "vllm":  # vllm reshards to its own model_parallel (checked with the backend's settings)
         sections.append(("generate_config", config.generate_config.parallel_config))
     for name, layout in sections:
+        if (layout.data_parallel, layout.model_parallel, layout.pipeline_stage) == (1, 1, 1):
+            continue  # left at the default: the actor's layout is used
         for key in ("data_parallel", "model_parallel", "pipeline_stage"):
             if getattr(layout, key) != getattr(actor, key):
                 problems.append(f"{name}.parallel_config.{key} = {getattr(layout, key)} differs from "

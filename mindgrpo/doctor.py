@@ -345,8 +345,10 @@ def _model_shape(config) -> Optional[dict]:
         hf = json.loads((Path(config.actor_config.load) / "config.json").read_text(encoding="utf-8"))
         return dict(num_heads=int(hf["num_attention_heads"]),
                     num_kv_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
-                    num_layers=int(hf["num_hidden_layers"]), vocab_size=int(hf["vocab_size"]),
-                    intermediate_size=int(hf["intermediate_size"]))
+                    num_layers=int(hf["num_hidden_layers"]),
+                    # checked when present (a truncated config.json is reported by the path check)
+                    vocab_size=int(hf["vocab_size"]) if "vocab_size" in hf else None,
+                    intermediate_size=int(hf["intermediate_size"]) if "intermediate_size" in hf else None)
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: the path check reports it
 

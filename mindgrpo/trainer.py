@@ -29,6 +29,9 @@ from mindgrpo.run_lock import lock_output_dir
 from mindgrpo.tokenizer import load_tokenizer
 
 
+SHARD_STAGING = ".shards-step_"  # per-rank optimizer files wait here until rank 0 commits the checkpoint
+
+
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. repeated non-finite updates)."""
 
@@ -96,6 +99,9 @@ class GRPOTrainer:
         self.total_steps = rl.max_steps or rl.epochs * steps_per_epoch
         self.output_dir = Path(rl.output_dir)
         self.checkpoints = ckpt.CheckpointManager(config.checkpoint_dir, keep_last=rl.save_max_ckpt_num)
+        if self.dist.is_main:  # optimizer shards staged by a run that died before committing its checkpoint
+            for stale in self.checkpoints.save_dir.glob(f"{SHARD_STAGING}*"):
+                shutil.rmtree(stale, ignore_errors=True)
         self.step = 0
         self.skipped_in_a_row = 0
         self.last_rollouts: Optional[Rollouts] = None  # the latest step's batch (for inspection and benchmarks)
@@ -182,7 +188,7 @@ class GRPOTrainer:
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row > rl.max_skipped_steps:
                 raise TrainingError(
-                    f"step {self.step}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient; "
+                    f"step {self.step + 1}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient; "
                     "the weights are those of the last good update. Lower actor_config.lr_schedule.learning_rate, "
                     "keep actor_config.optimizer.max_grad_norm > 0, or check the data and rewards")
         else:
@@ -277,7 +283,7 @@ class GRPOTrainer:
         Every rank writes its optimizer shard to a staging folder first; rank 0 moves those files into the
         checkpoint it is building, so the manifest's checksums cover them and the whole step still appears by one
         rename. (Several machines must share the checkpoint folder.)"""
-        staging = self.checkpoints.save_dir / f".shards-step_{self.step:08d}"
+        staging = self.checkpoints.save_dir / f"{SHARD_STAGING}{self.step:08d}"
         staging.mkdir(parents=True, exist_ok=True)
         self.policy.save_optimizer_shard(staging)
         barrier(self.dist)

@@ -287,7 +287,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, promp
     good = state_dict_hf(trainer.policy.actor)
     toy_verifiers.POISON["on"] = True
     try:
-        with pytest.raises(TrainingError, match=r"step 4: 3 steps in a row had a non-finite loss or gradient"):
+        with pytest.raises(TrainingError, match=r"step 5: 3 steps in a row had a non-finite loss or gradient"):
             trainer.train()
     finally:
         toy_verifiers.POISON["on"] = False

@@ -125,8 +125,8 @@ def test_layouts_that_cannot_run_are_refused_before_loading_anything():
         GRPOTrainer(config, check_paths=False)
     config = GRPOConfig()
     config.actor_config.parallel_config.model_parallel = 2
-    config.ref_config.parallel_config.model_parallel = 1
-    with pytest.raises(ConfigError, match="ref_config.parallel_config.model_parallel = 1 differs"):
+    config.ref_config.parallel_config.model_parallel = 4
+    with pytest.raises(ConfigError, match="ref_config.parallel_config.model_parallel = 4 differs"):
         GRPOTrainer(config, check_paths=False)
 
 

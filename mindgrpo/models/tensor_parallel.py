@@ -111,6 +111,16 @@ def embed_lookup(comm: TPComm, table, tokens, vocab_start: int):
     return comm.reduce(rows * ops.expand_dims(ops.cast(mine, rows.dtype), -1))
 
 
+def _log_sum_exps(comm: TPComm, logits, local_logp, reduce):
+    """(this rank's log-sum-exp, the whole vocabulary's) per row. The local one is read off the log-softmax
+    kernel's output at the row's largest logit (the most precise column), so no [rows, vocab] temporary is made;
+    ``reduce`` is the differentiable or the no-gradient sum over ranks."""
+    top = ops.stop_gradient(ops.argmax(logits, -1)).reshape((-1, 1)).astype(ms.int32)
+    local_lse = (ops.gather_elements(logits, 1, top) - ops.gather_elements(local_logp, 1, top)).reshape((-1,))
+    m = comm.max_over_ranks(local_lse)
+    return local_lse, m + ops.log(reduce(ops.exp(local_lse - m)))
+
+
 def parallel_token_logprobs(comm: TPComm, logits, targets, vocab_start: int):
     """``log softmax(z)[target]`` for vocabulary-parallel float32 logits ``z`` [N, V/tp] and targets [N] (full-vocab
     ids); see the module docstring. Only per-row numbers cross ranks."""
@@ -118,12 +128,8 @@ def parallel_token_logprobs(comm: TPComm, logits, targets, vocab_start: int):
     local_ids = targets - vocab_start
     mine = ops.logical_and(local_ids >= 0, local_ids < logits.shape[-1])
     safe_ids = ops.select(mine, local_ids, ops.zeros_like(local_ids)).reshape((-1, 1))
-    # this rank's log-sum-exp from the kernel's own output at its largest logit (the most precise column)
-    top = ops.stop_gradient(ops.argmax(logits, -1)).reshape((-1, 1)).astype(ms.int32)
-    local_lse = (ops.gather_elements(logits, 1, top) - ops.gather_elements(local_logp, 1, top)).reshape((-1,))
     target_logit = ops.gather_elements(logits, 1, safe_ids).reshape((-1,)) * ops.cast(mine, logits.dtype)
-    m = comm.max_over_ranks(local_lse)
-    lse = m + ops.log(comm.reduce(ops.exp(local_lse - m)))
+    _, lse = _log_sum_exps(comm, logits, local_logp, comm.reduce)
     return comm.reduce(target_logit) - lse
 
 
@@ -134,8 +140,5 @@ def parallel_token_entropy(comm: TPComm, logits):
     logits = ops.stop_gradient(logits)
     local_logp = ops.log_softmax(logits, -1)
     local_h = -(ops.exp(local_logp) * local_logp).sum(-1)
-    top = ops.argmax(logits, -1).reshape((-1, 1)).astype(ms.int32)
-    local_lse = (ops.gather_elements(logits, 1, top) - ops.gather_elements(local_logp, 1, top)).reshape((-1,))
-    m = comm.max_over_ranks(local_lse)
-    lse = m + ops.log(comm.reduce_no_grad(ops.exp(local_lse - m)))
+    local_lse, lse = _log_sum_exps(comm, logits, local_logp, comm.reduce_no_grad)
     return comm.reduce_no_grad(ops.exp(local_lse - lse) * (local_h - (local_lse - lse)))
