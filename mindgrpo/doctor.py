@@ -39,8 +39,8 @@ from mindgrpo import _env
 
 MSRUN_DEFAULT_PORT = 8118  # msrun's own default --master_port
 PINNED = ("mindspore", "mindformers", "numpy")  # reported on their own lines; other requirements share one
-ASCEND_ONLY = ("vllm rollout backend (vllm-mindspore), model/pipeline parallel (semi-auto parallel), the Ascend C "
-               "fused-loss kernel, bfloat16 compute")
+ASCEND_ONLY = ("vllm rollout backend (vllm-mindspore, never run here), the Ascend C fused-loss kernel, bfloat16 "
+               "compute (tensor parallelism and ZeRO-1 run on CPU too)")
 # examples/grpo/main.py fills in the model and data of its embedded demo only when run without --config.
 DEMO = "; the embedded demo needs neither: python examples/grpo/main.py"
 _REPO = Path(mindgrpo.__file__).resolve().parents[1]

@@ -62,10 +62,10 @@ class GRPOTrainer:
 
         self.config = validate(config, check_paths=check_paths)
         rl = config.rl_config
-        self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
         if rl.device_target != "auto":
-            ms.set_device(rl.device_target)
+            ms.set_device(rl.device_target)  # before the process group: MindSpore refuses it after init()
+        self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
         self.device_target = ms.get_context("device_target")
         ms.set_seed(rl.seed)
         random.seed(rl.seed)
