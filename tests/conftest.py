@@ -58,3 +58,32 @@ def demo_plain(tmp_path_factory):
     from mindgrpo import demo
 
     return demo.make_demo(tmp_path_factory.mktemp("demo_plain") / "demo", warm_start_steps=0)
+
+
+def small_run_config(out: Path, dataset: Path, model: Path, *, max_prompt_length: int, seq_length: int,
+                     max_tokens: int, verifiers, **rl):
+    """A GRPO config small enough for a test: 2 prompts x 4 completions per step, checkpoints every 2 steps, a
+    learning rate large enough that weights visibly move in a few steps; ``rl`` sets any other rl_config key."""
+    from mindgrpo.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    cfg.rl_config.dataset_file = str(dataset)
+    cfg.rl_config.output_dir = str(out)
+    cfg.rl_config.batch_size = 2
+    cfg.rl_config.num_generations = 4
+    cfg.rl_config.max_prompt_length = max_prompt_length
+    cfg.rl_config.seq_length = seq_length
+    cfg.rl_config.beta = 0.04
+    cfg.rl_config.save_ckpt_interval = 2
+    cfg.rl_config.save_max_ckpt_num = 2
+    cfg.actor_config.load = str(model)
+    cfg.actor_config.micro_batch_size = 4
+    cfg.actor_config.lr_schedule.learning_rate = 1e-3
+    cfg.ref_config.ref_model_batch_size = 8
+    cfg.generate_config.infer_model_batch_size = 8
+    cfg.generate_config.sampling_config.max_tokens = max_tokens
+    cfg.reward_config.verifier_function = list(verifiers)
+    cfg.reward_config.verifier_weight = [1.0] * len(verifiers)
+    for key, value in rl.items():
+        setattr(cfg.rl_config, key, value)
+    return cfg

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from conftest import REPO, small_run_config
 from mindgrpo.config import GRPOConfig, dump_yaml
 from mindgrpo.metrics import read_metrics
 
@@ -46,27 +46,9 @@ def prompts(tmp_path_factory, demo_plain):
 
 
 def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
-    cfg = GRPOConfig()
-    cfg.rl_config.dataset_file = str(dataset)
-    cfg.rl_config.output_dir = str(out)
-    cfg.rl_config.batch_size = 2
-    cfg.rl_config.num_generations = 4
-    cfg.rl_config.max_prompt_length = 64
-    cfg.rl_config.seq_length = 80
-    cfg.rl_config.beta = 0.04
-    cfg.rl_config.save_ckpt_interval = 2
-    cfg.rl_config.save_max_ckpt_num = 2
-    cfg.actor_config.load = str(model)
-    cfg.actor_config.micro_batch_size = 4
-    cfg.actor_config.lr_schedule.learning_rate = 1e-3  # large, so weights visibly move in a few steps
-    cfg.ref_config.ref_model_batch_size = 8
-    cfg.generate_config.infer_model_batch_size = 8
-    cfg.generate_config.sampling_config.max_tokens = 8
-    cfg.reward_config.verifier_function = ["toy_verifiers:text_length"]
-    cfg.reward_config.verifier_weight = [1.0]
-    for key, value in rl.items():
-        setattr(cfg.rl_config, key, value)
-    return cfg
+    """A small run on the demo's short prompts, rewarded by completion length (see conftest.small_run_config)."""
+    return small_run_config(out, dataset, model, **{"max_prompt_length": 64, "seq_length": 80, **rl},
+                            max_tokens=8, verifiers=["toy_verifiers:text_length"])
 
 
 def write_yaml(path: Path, cfg: GRPOConfig) -> Path:
@@ -457,9 +439,12 @@ def _data_parallel(cfg: GRPOConfig, ranks: int) -> GRPOConfig:
 
 def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
     """2-worker msrun data parallel on CPU: both ranks end with identical weights that moved from the start, and
-    rank 0 logs every step once."""
+    rank 0 logs every step once. Without ZeRO-1, so each rank applies the averaged gradient itself and identical
+    weights prove the gradient all-reduce (under ZeRO-1 the owner's broadcast keeps ranks identical even without it;
+    ZeRO-1 equals the unsharded update in tests/test_optim_sharding.py)."""
     cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=3, loss_type="dapo"),
                          2)
+    cfg.actor_config.parallel_config.optimizer_shard = False
     cfg_path = write_yaml(tmp_path / "dp.yaml", cfg)
     script = tmp_path / "dump_ranks.py"
     script.write_text(textwrap.dedent(f"""

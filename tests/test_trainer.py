@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import small_run_config
 from mindgrpo.config import GRPOConfig
 from mindgrpo.metrics import METRIC_NAMES, read_metrics
 
@@ -29,27 +30,9 @@ def prompts(tmp_path_factory, gsm8k_dir, tiny_model_dir):
 
 
 def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
-    cfg = GRPOConfig()
-    cfg.rl_config.dataset_file = str(dataset)
-    cfg.rl_config.output_dir = str(out)
-    cfg.rl_config.batch_size = 2
-    cfg.rl_config.num_generations = 4
-    cfg.rl_config.max_prompt_length = 192
-    cfg.rl_config.seq_length = 256
-    cfg.rl_config.beta = 0.04
-    cfg.rl_config.save_ckpt_interval = 2
-    cfg.rl_config.save_max_ckpt_num = 2
-    cfg.actor_config.load = str(model)
-    cfg.actor_config.micro_batch_size = 4
-    cfg.actor_config.lr_schedule.learning_rate = 1e-3  # large, so weights visibly move in a few steps
-    cfg.ref_config.ref_model_batch_size = 8
-    cfg.generate_config.infer_model_batch_size = 8
-    cfg.generate_config.sampling_config.max_tokens = 12
-    cfg.reward_config.verifier_function = ["accuracy_reward", "toy_verifiers:digit_share"]
-    cfg.reward_config.verifier_weight = [1.0, 1.0]
-    for key, value in rl.items():
-        setattr(cfg.rl_config, key, value)
-    return cfg
+    """A small run on the GSM8K prompts of the fixture model (see conftest.small_run_config)."""
+    return small_run_config(out, dataset, model, **{"max_prompt_length": 192, "seq_length": 256, **rl},
+                            max_tokens=12, verifiers=["accuracy_reward", "toy_verifiers:digit_share"])
 
 
 def final_weights(run: Path) -> dict:
