@@ -11,7 +11,7 @@ import os
 import random
 import shutil
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
@@ -19,6 +19,7 @@ from typing import Dict, Iterator, List, Optional
 import numpy as np
 
 from mindgrpo import checkpoint as ckpt
+from mindgrpo import peers
 from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
 from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
@@ -66,6 +67,8 @@ class GRPOTrainer:
         if rl.device_target != "auto":
             ms.set_device(rl.device_target)  # before the process group: MindSpore refuses it after init()
         self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
+        if self.dist.world_size > 1:  # so a rank whose peer dies can name it (mindgrpo/peers.py)
+            peers.register(rl.output_dir, self.dist.rank)
         self.device_target = ms.get_context("device_target")
         ms.set_seed(rl.seed)
         random.seed(rl.seed)
@@ -138,15 +141,24 @@ class GRPOTrainer:
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
-        rl = self.config.rl_config
+        rl, dist = self.config.rl_config, self.dist
         last: Dict[str, float] = {}
+        peer_watch = peers.sigterm_raises(rl.output_dir, dist.rank, dist.world_size) if dist.world_size > 1 \
+            else nullcontext()
         try:
-            while self.step < self.total_steps:
-                last = self.train_step()
-                if rl.save_ckpt_interval and self.step % rl.save_ckpt_interval == 0:
+            with peer_watch:
+                while self.step < self.total_steps:
+                    last = self.train_step()
+                    if rl.save_ckpt_interval and self.step % rl.save_ckpt_interval == 0:
+                        self.save_checkpoint()
+                if not self.checkpoints.step_dir(self.step).exists():
                     self.save_checkpoint()
-            if not self.checkpoints.step_dir(self.step).exists():
-                self.save_checkpoint()
+        except (Exception, peers.Terminated) as err:
+            # A failed collective (or msrun's SIGTERM) says nothing of its cause when a peer died: name the peer.
+            lost = peers.lost_peers(rl.output_dir, dist.rank, dist.world_size) if dist.world_size > 1 else []
+            if not lost:
+                raise
+            raise TrainingError(peers.describe_lost(lost, dist.rank)) from err
         finally:
             self.metrics.close()
         return last

@@ -492,9 +492,9 @@ trainer.train()
 def test_msrun_worker_killed_the_other_exits_within_two_minutes(tmp_path, prompts, demo_plain):
     """SIGKILL rank 1 of a 2-worker run started as the README starts it (msrun without --join): rank 0 does not
     hang in its next collective. About 30 s later MindSpore's scheduler declares rank 1 timed out and rank 0 ends,
-    by SIGTERM or with "Launch kernel failed, name:Default/AllReduce" (both seen here), well within 2 minutes and
-    never with exit code 0. Rank 0's own log does not name the lost rank; the scheduler's does (see
-    docs/reliability.md)."""
+    by SIGTERM or with a failed collective ("Launch kernel failed, name:Default/AllReduce", "The state of the
+    cluster is error"; all seen here), well within 2 minutes and never with exit code 0. Either way its own log
+    names the lost rank and its pid (mindgrpo/peers.py), as does the scheduler's by node id."""
     from mindgrpo.checkpoint import pid_alive
 
     cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=100000,
@@ -526,3 +526,5 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes(tmp_path, prompt
     codes = sorted(int(p.read_text()) for p in tmp_path.glob("exit_*"))
     assert len(codes) == 2 and -signal.SIGKILL in codes and all(code != 0 for code in codes), codes
     assert "The node: 1 is timed out" in (logs / "scheduler.log").read_text(errors="replace")
+    rank0_log = (logs / "worker_0.log").read_text(errors="replace")
+    assert f"rank 1 (pid {rank1} on " in rank0_log and "--resume_training" in rank0_log, rank0_log[-3000:]
