@@ -233,11 +233,12 @@ class Policy:
             **rollout_options(config))
         self.sampling = sampling
         self.params = self.actor.trainable_params()
-        hf_name_of = {id(param): name for name, param in hf_parameters(self.actor).items()}
+        self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
+        hf_name_of = {id(param): name for name, param in self._hf_params.items()}
         self.param_names = [hf_name_of[id(param)] for param in self.params]
         self.layout = getattr(self.actor, "tp_layout", None) or TPLayout.for_hf_config(self.hf_config, 1, 0)
         self.full_shapes = getattr(self.actor, "full_shapes", None) or {
-            name: tuple(param.shape) for name, param in hf_parameters(self.actor).items()}
+            name: tuple(param.shape) for name, param in self._hf_params.items()}
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
         self.settings = LossSettings(
@@ -284,18 +285,18 @@ class Policy:
             export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
                       overwrite=True)
             return
-        export_hf_arrays(out_dir, self.actor.full_shapes, self._gather_full, hf_config=self.hf_config,
+        export_hf_arrays(out_dir, self.full_shapes, self._gather_full, hf_config=self.hf_config,
                          tokenizer_dir=self.config.tokenizer_dir, overwrite=True)
 
     def serve_export(self) -> None:
         """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same (``full_shapes``) order."""
-        for name in self.actor.full_shapes:
+        for name in self.full_shapes:
             self._gather_full(name)
 
     def _gather_full(self, hf_name: str) -> np.ndarray:
         """One full tensor from this tensor-parallel group's slices (every rank of the group must call it)."""
-        pieces = all_gather(host_array(hf_parameters(self.actor)[hf_name]), self.dist, over=TP)
-        return self.actor.tp_layout.assemble(hf_name, list(pieces), self.actor.full_shapes[hf_name])
+        pieces = all_gather(host_array(self._hf_params[hf_name]), self.dist, over=TP)
+        return self.layout.assemble(hf_name, list(pieces), self.full_shapes[hf_name])
 
     def load_weights(self, model_dir: Path) -> None:
         load_hf_weights(self.actor, model_dir)

@@ -12,15 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
-import numpy as np
-
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
 from mindformers.models.llama import LlamaForCausalLM  # after mindgrpo.models' import preparation
 
 from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
-from mindgrpo.models.qwen2_sharded import Qwen2Shard, full_shapes
+from mindgrpo.models.qwen2_sharded import Qwen2Shard
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.weights import load_hf_weights
 
@@ -98,13 +96,6 @@ class Qwen2CausalLM(LlamaForCausalLM):
         return ops.cast(self.lm_head(hidden), mstype.float32)
 
 
-def _random_init(name: str, shape, rng: np.random.Generator) -> np.ndarray:
-    """Norm scales 1, everything else N(0, 0.02) (HF's ``initializer_range``), drawn for the full tensor."""
-    if name.endswith("norm.weight"):
-        return np.ones(shape, np.float32)
-    return (rng.standard_normal(shape) * 0.02).astype(np.float32)
-
-
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
                 param_dtype: Optional[str] = None, seq_length: int = 2048, load_weights: bool = True,
                 tp_rank: int = 0, tp_size: int = 1, tp_group: str = "",
@@ -138,16 +129,12 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
         if role == "inference":
             raise ValueError("role='inference' (MindFormers' generate) cannot run on tensor-parallel slices; use the "
                              "native rollout engine")
-        layout = TPLayout.for_hf_config(hf_config, tp_size, tp_rank)
-        shapes = full_shapes(spec)
-        rng = np.random.default_rng(0)
-        # Zeros (calloc'd, not touched) are replaced tensor by tensor when loading; without weights, a fixed
-        # random init of the full tensor sliced per rank, so every layout builds the same model.
-        init = ((lambda name: np.zeros(layout.local_shape(name, shapes[name]), np.float32)) if load_weights else
-                (lambda name: layout.take(name, _random_init(name, shapes[name], rng))))
-        model = Qwen2Shard(spec, layout, tp_group, compute_dtype=compute_dtype, param_dtype=param_dtype, read=init)
-        if load_weights:
-            load_hf_weights(model, model_dir)
+        if not load_weights:
+            raise ValueError("tensor-parallel slices are read from the folder's weights: load_weights=False is for "
+                             "the single-rank model")
+        model = Qwen2Shard(spec, TPLayout.for_hf_config(hf_config, tp_size, tp_rank), tp_group,
+                           compute_dtype=compute_dtype, param_dtype=param_dtype)
+        load_hf_weights(model, model_dir)  # each tensor replaces its zeros, one at a time
     else:
         config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=param_dtype, seq_length=seq_length,
                               overrides=llama_overrides)

@@ -1,8 +1,8 @@
 """One tensor-parallel rank's slices of a Qwen2 model, as Parameters under MindFormers' names.
 
 With ``model_parallel > 1`` no rank builds the full model: :class:`Qwen2Shard` holds only this rank's slices (see
-:mod:`mindgrpo.models.shard_layout` for which) and reads them straight from the Hugging Face safetensors files,
-one slice at a time, so a rank's resident weights are about ``1/model_parallel`` of the model plus the replicated
+:mod:`mindgrpo.models.shard_layout` for which), which ``build_model`` fills straight from the Hugging Face
+safetensors files, one slice at a time, so a rank's resident weights are about ``1/model_parallel`` of the model plus the replicated
 norms, and one HF folder serves every layout with no conversion.
 
 It is a container, not a forward: its Cells mirror the attribute paths of MindFormers' ``LlamaForCausalLM``
@@ -16,7 +16,7 @@ engine for rollouts. MindFormers' forward would compute wrong results on slices,
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -103,23 +103,18 @@ def full_shapes(spec: Qwen2Spec) -> Mapping[str, tuple]:
 
 
 class Qwen2Shard(nn.Cell):
-    """This rank's slices of a Qwen2 model. ``read(hf_name)`` returns the rank's float32 slice of a weight (the
-    loader reads it from the safetensors files, or zeros for tests); Parameters are made in ``param_dtype``."""
+    """This rank's slices of a Qwen2 model as zero Parameters in ``param_dtype``, to be filled by
+    :func:`mindgrpo.models.weights.load_hf_weights` (zeros are calloc'd: untouched pages cost no memory)."""
 
-    def __init__(self, spec: Qwen2Spec, layout: TPLayout, tp_group: str, *, compute_dtype: str, param_dtype: str,
-                 read: Callable[[str], np.ndarray]):
+    def __init__(self, spec: Qwen2Spec, layout: TPLayout, tp_group: str, *, compute_dtype: str, param_dtype: str):
         super().__init__()
         self.tp_layout, self.tp_group = layout, tp_group
         self.full_shapes = dict(full_shapes(spec))
         dtype = getattr(ms, param_dtype)
 
         def make(hf_name: str) -> Parameter:
-            value = read(hf_name)
-            expected = layout.local_shape(hf_name, self.full_shapes[hf_name])
-            if tuple(value.shape) != expected:
-                raise ValueError(f"{hf_name}: slice {tuple(value.shape)} for rank {layout.rank}, expected {expected}")
-            tensor = Tensor.from_numpy(np.ascontiguousarray(value, dtype=np.float32))
-            return Parameter(tensor if dtype == ms.float32 else tensor.astype(dtype))
+            zeros = Tensor.from_numpy(np.zeros(layout.local_shape(hf_name, self.full_shapes[hf_name]), np.float32))
+            return Parameter(zeros if dtype == ms.float32 else zeros.astype(dtype))
 
         self.model = _Body(make, spec.num_hidden_layers)
         embedding = self.model.tok_embeddings.embedding_weight
