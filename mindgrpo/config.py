@@ -20,12 +20,14 @@ import inspect
 import os
 import textwrap
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+from mindgrpo.rewards import AGGREGATIONS
 from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
 
 
@@ -102,7 +104,21 @@ class ActorConfig:
     compute_dtype: str = "float32"
     """Matmul dtype: float32 on CPU; bfloat16 or float16 on Ascend. Parameters stay float32."""
     micro_batch_size: int = 8
-    """Completions per forward/backward in the update; gradients are accumulated over micro-batches."""
+    """Completions per forward/backward in the update; gradients are accumulated over micro-batches. With
+    max_tokens_per_micro_batch it only sets bnpo's averaging groups (the loss stays the padded path's)."""
+    max_tokens_per_micro_batch: int = 0
+    """Pack the completions without their padding (verl's ``use_remove_padding`` with
+    ``ppo_max_token_len_per_gpu``): every forward of the reference, old-log-prob and training passes then holds
+    up to this many completion tokens, as rows of ``generate_config.sampling_config.max_tokens`` (so at least that;
+    rounded down to whole rows) that each hold one group's completions end to end, instead of micro_batch_size
+    (ref_config.ref_model_batch_size) completions each padded to the limit. Same log-probs, gradients and loss; a
+    forward's memory is that of a padded micro-batch of as many rows. Set it for long, ragged completions: `small`
+    model, 512 new tokens, median length 128, 16 rows of 512 (``tools/bench_packing.py``): the reference pass and
+    the update take 0.5x and 0.6x the padded path's time; with every completion at the limit, the same time. 0
+    (default): padded micro-batches. Not on by default because a packed forward computes up to min(rows, the
+    rank's prompts) prompts where a padded one computes rows / num_generations: with few rows per forward, many
+    prompts per rank and every completion at the limit, that costs more than the padding saved. Needs
+    rl_config.share_prompt: true."""
     recompute: bool = False
     """Recompute each decoder layer in the actor's backward (``Cell.recompute()`` on every layer of the
     shared-prompt forward): only each layer's input hidden state is kept, and one layer's activations are rebuilt
@@ -186,6 +202,25 @@ class RewardConfig:
     """Score accuracy only when the format verifier passes (reward = accuracy x format) instead of adding them."""
     fallback_last_number: bool = False
     """When a completion has no answer marker, take its last number as the answer."""
+    aggregation: str = "sum_then_normalize"
+    """How several verifiers make the reward the advantages are computed from (TRL's
+    ``multi_objective_aggregation``): ``sum_then_normalize`` adds the weighted scores, and rl_config.scale_rewards
+    normalises the sum; ``normalize_then_sum`` (GDPO) first normalises each verifier's scores within each group,
+    ``(r - mean) / (std + 1e-4)``, adds them with their weights, and the advantages normalise that sum over the batch
+    (so it needs rl_config.scale_rewards: batch, which is what TRL does). The logged reward is the weighted sum."""
+    verifier_timeout: float = 0.0
+    """Seconds one verifier call may take (one completion; a batch verifier's one call covers the whole batch, so one
+    over it has scored nothing and stops the run). A call over it is cut (its worker process killed and replaced):
+    that completion scores 0 and is counted in grpo/verifier_failures/<verifier> and grpo/verifier_timeouts/<verifier>.
+    A hang in C code (a catastrophic regex) cannot be interrupted inside the trainer's process, so a limit runs the
+    verifiers in worker processes (one when verifier_parallel is 0), which import them by name: each must be a
+    top-level function of an importable module.
+    0 (default): no limit, verifiers run in the trainer's process. Measured cost of the worker path on 32 completions
+    x 2 verifiers, on 2 busy cores: about 0.1 ms per call, 5-8 ms per step (0.6 ms in-process; a tiny-model step
+    takes about 600 ms), and 0.2-0.9 s to start a worker, once and after each cut call."""
+    verifier_parallel: int = 0
+    """Worker processes (per rank) that share the verifier calls, for slow verifiers; see verifier_timeout.
+    0 (default): verifiers run in the trainer's process, or in one worker when verifier_timeout is set."""
 
 
 @dataclass
@@ -262,8 +297,9 @@ class RLConfig:
     """Write prompts, completions and rewards to completions.jsonl (to find the "aha moment")."""
     save_prompt_completions_interval: int = 1
     """Steps between completion dumps."""
-    max_skipped_steps: int = 3
-    """Consecutive steps with non-finite loss or gradients tolerated (weights are kept) before the run stops."""
+    max_skipped_updates: int = 3
+    """Consecutive optimizer updates skipped for a non-finite loss or gradient (the weights are kept; each is
+    counted in ``grpo/skipped_updates``) before the run stops with an error. Formerly ``max_skipped_steps``."""
 
     @property
     def prompt_widths(self) -> Tuple[int, ...]:
@@ -447,8 +483,20 @@ def _merge(obj: Any, data: Mapping[str, Any], prefix: str, source: _Source, base
         set_key(obj, f"{prefix}{key}", value, source, base_dir, root_prefix=prefix)
 
 
+RENAMED_KEYS = {"rl_config.max_skipped_steps": "rl_config.max_skipped_updates"}
+"""Old key -> new key. An old key still works, with a warning naming where it was written and the new name."""
+
+
+class ConfigWarning(UserWarning):
+    """A config that works but should be changed (a renamed key)."""
+
+
 def set_key(config: Any, dotted: str, value: Any, source: _Source, base_dir: Path, root_prefix: str = "") -> None:
     """Set ``dotted`` (relative to ``config``) to ``value``, checking the key and coercing the type."""
+    if dotted in RENAMED_KEYS:
+        warnings.warn(f"{source.where(dotted)}: '{dotted}' is now called '{RENAMED_KEYS[dotted]}'; "
+                      "the old name still works but will be removed", ConfigWarning, stacklevel=2)
+        dotted = RENAMED_KEYS[dotted]
     parts = dotted[len(root_prefix):].split(".") if root_prefix else dotted.split(".")
     obj = config
     for depth, name in enumerate(parts):
@@ -553,6 +601,7 @@ CHOICES: Dict[str, Tuple[str, ...]] = {
     "actor_config.lr_schedule.type": ("constant", "cosine", "linear"),
     "generate_config.backend": ("native", "mindformers", "vllm"),
     "generate_config.decode_impl": ("fused", "plain"),
+    "reward_config.aggregation": AGGREGATIONS,
 }
 _LR_ALIASES = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine", "ConstantWarmUpLR": "constant"}
 
@@ -614,6 +663,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
                 problems.append(f"{key} = {size} is not a multiple of rl_config.num_generations = "
                                 f"{rl.num_generations}: rl_config.share_prompt needs whole groups per micro-batch "
                                 "(change the size, or set rl_config.share_prompt: false)")
+    problems += _packing_problems(config)
     problems += _layout_problems(config)
     rewards = config.reward_config
     if len(rewards.verifier_weight) != len(rewards.verifier_function):
@@ -622,6 +672,20 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
                         "per verifier")
     if not rewards.verifier_function:
         problems.append("reward_config.verifier_function is empty: name at least one verifier")
+    if not 0 <= rewards.verifier_timeout < float("inf"):  # also refuses NaN
+        problems.append(f"reward_config.verifier_timeout = {rewards.verifier_timeout}: must be a finite number of "
+                        "seconds >= 0 (0: no limit)")
+    if rewards.verifier_parallel < 0:
+        problems.append(f"reward_config.verifier_parallel = {rewards.verifier_parallel}: must not be negative "
+                        "(0: verifiers run in the trainer's process)")
+    if rewards.aggregation == "normalize_then_sum":
+        if rl.scale_rewards != "batch":
+            problems.append(f"reward_config.aggregation = normalize_then_sum normalises each verifier within its "
+                            f"group, then the sum over the batch (TRL, GDPO), but rl_config.scale_rewards = "
+                            f"{rl.scale_rewards!r}: set rl_config.scale_rewards: batch")
+        if rewards.gate_accuracy_on_format:
+            problems.append("reward_config.aggregation = normalize_then_sum normalises each verifier on its own, "
+                            "and reward_config.gate_accuracy_on_format multiplies accuracy by format: choose one")
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -630,6 +694,22 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
         where = f" in {config.config_path}" if config.config_path else ""
         raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
     return config
+
+
+def _packing_problems(config: GRPOConfig) -> List[str]:
+    budget, key = config.actor_config.max_tokens_per_micro_batch, "actor_config.max_tokens_per_micro_batch"
+    limit = config.generate_config.sampling_config.max_tokens
+    if budget == 0:
+        return []
+    if budget < 0:
+        return [f"{key} = {budget}: must not be negative (0: padded micro-batches)"]
+    if budget < limit:
+        return [f"{key} = {budget} is below generate_config.sampling_config.max_tokens = {limit}: a completion at "
+                f"the limit must fit one micro-batch; raise it (or 0 for padded micro-batches)"]
+    if not config.rl_config.share_prompt:
+        return [f"{key} = {budget} packs completions for the shared-prompt forward; set rl_config.share_prompt: "
+                "true (or the key to 0)"]
+    return []
 
 
 def _layout_problems(config: GRPOConfig) -> List[str]:

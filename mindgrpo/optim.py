@@ -154,7 +154,9 @@ def squared_norm(grads, copies: Optional[Sequence[int]] = None) -> Tensor:
     are added up."""
     terms = []
     for i, g in enumerate(grads):
-        term = ops.reduce_sum(ops.square(g.astype(ms.float32)))
+        square = ops.square(g.astype(ms.float32))
+        # rows first: MindSpore's CPU ReduceSum of a whole 2-D tensor is about 8x slower than over its last axis
+        term = square.reshape((-1, g.shape[-1])).sum(-1).sum() if g.ndim > 1 else square.sum()
         terms.append(term / copies[i] if copies is not None and copies[i] > 1 else term)
     return ops.addn(terms)
 

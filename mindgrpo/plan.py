@@ -23,7 +23,8 @@ adds up what one rank holds at its peak, in bytes:
   the training side already holds (mindgrpo does not offload training state during rollouts).
 * **activations**: the peak of one training micro-batch's forward + backward, or of a no-grad scoring forward
   (reference and old log-probs at ``ref_config.ref_model_batch_size``) when that is larger; both without and with
-  recompute, see :func:`activation_bytes`.
+  recompute, see :func:`activation_bytes`. Packed micro-batches (``actor_config.max_tokens_per_micro_batch``):
+  both are forwards of ``max_tokens_per_micro_batch // max_tokens`` rows and up to as many prompts.
 * **update**: the optimizer step's temporaries, after the activations are gone: the data-parallel-reduced
   gradients and their clipped copy, alive together before they are written back: ``2 x gradients``.
 * **runtime**: what the process holds beyond the model's tensors, a documented constant per ``--device``
@@ -193,22 +194,25 @@ def model_state_bytes(hf_config: Mapping, *, model_parallel: int = 1, data_paral
 # Activations and the rollout cache
 
 def _forward_sizes(hf_config: Mapping, model_parallel: int, completions: int, num_generations: int,
-                   prompt_len: int, completion_len: int, share_prompt: bool):
-    """(tokens N through the decoder, attention score elements S per layer, completion tokens) of one forward."""
+                   prompt_len: int, completion_len: int, share_prompt: bool, prompts: int = 0):
+    """(tokens N through the decoder, attention score elements S per layer, completion tokens) of one forward of
+    ``completions`` rows and ``prompts`` prompts (0: one per group of rows)."""
     layout = tp_layout(hf_config, model_parallel)
     m, p, t, heads = completions, prompt_len, completion_len, layout.local_heads
     if share_prompt:  # each group's prompt once (causal), its completions over [prompt | own causal part]
-        prompts = max(1, m // num_generations)
+        prompts = prompts or max(1, m // num_generations)
         return prompts * p + m * t, heads * (prompts * p * p + m * t * (p + t)), m * t
     return m * (p + t), heads * m * (p + t) ** 2, m * t  # [prompt | completion] rows, full causal attention
 
 
 def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch_size: int, num_generations: int,
                      prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
-                     recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False) -> int:
+                     recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False,
+                     prompts_per_forward: int = 0) -> int:
     """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
     forward of ``scoring_batch_size`` completions when that is larger; with ``separate_pools`` (CPU, where each
-    compiled graph keeps its memory) the two added.
+    compiled graph keeps its memory) the two added. ``prompts_per_forward``: the prompts each forward computes
+    instead of ``m/G`` (packed micro-batches of ``m`` rows: up to ``min(m, prompts of the rank)``).
 
     Per micro-batch of ``m`` completions (``G`` per prompt), prompt length ``P``, completion length ``T``, on a rank
     with ``h`` query heads, ``kv`` KV heads, head size ``d``, hidden size ``H``, intermediate ``I/tp``, vocabulary
@@ -243,7 +247,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
 
     def one_forward(completions: int, logit_copies: int):
         n, s, completion_tokens = _forward_sizes(hf, model_parallel, completions, num_generations, prompt_len,
-                                                 completion_len, share_prompt)
+                                                 completion_len, share_prompt, prompts_per_forward)
         layer = (4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 * SCORE_COPIES + (c if c != 4 else 0))
                  + 4 * n * inter * c)
         shared = 4 * s // kv + logit_copies * 4 * completion_tokens * vocab
@@ -289,11 +293,12 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
                               optimizer_shard=actor.parallel_config.optimizer_shard,
                               reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None)
-    shape = dict(model_parallel=model_parallel, micro_batch_size=actor.micro_batch_size,
+    packed_rows = actor.max_tokens_per_micro_batch // sampling.max_tokens  # per forward of both passes; 0: padded
+    shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
                  completion_len=sampling.max_tokens, compute_dtype=actor.compute_dtype,
-                 share_prompt=rl.share_prompt, scoring_batch_size=config.ref_config.ref_model_batch_size,
-                 separate_pools=device == "cpu")
+                 share_prompt=rl.share_prompt, scoring_batch_size=packed_rows or config.ref_config.ref_model_batch_size,
+                 separate_pools=device == "cpu", prompts_per_forward=min(packed_rows, rl.batch_size))
     if gen.backend == "vllm":
         cache = int(gen.gpu_memory_utilization * device_memory)
     else:
@@ -382,7 +387,8 @@ def plan_layouts(config, workers: int, device_memory: int, hf_config: Mapping, d
 
 def _settings(config) -> dict:
     rl, actor, gen = config.rl_config, config.actor_config, config.generate_config
-    return {"micro_batch_size": actor.micro_batch_size, "recompute": actor.recompute,
+    return {"micro_batch_size": actor.micro_batch_size,
+            "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch, "recompute": actor.recompute,
             "share_prompt": rl.share_prompt, "max_prompt_length": rl.max_prompt_length,
             "max_tokens": gen.sampling_config.max_tokens, "compute_dtype": actor.compute_dtype,
             "reference_dtype": config.ref_config.compute_dtype if rl.beta > 0 else None,
@@ -453,10 +459,13 @@ def format_plan(plan: dict, source: str = "") -> str:
         f"devices: {plan['workers']} x {format_bytes(plan['device_memory'])} ({plan['device']}); budget per rank "
         f"{format_bytes(plan['budget'])} ({plan['headroom']:.0%}; the rest is for workspace, compiled graphs and "
         "fragmentation)",
-        "run: micro_batch_size {micro_batch_size}, recompute {rc}, share_prompt {sp}, prompt {max_prompt_length} + "
+        "run: {micro}, recompute {rc}, share_prompt {sp}, prompt {max_prompt_length} + "
         "completion {max_tokens} tokens, {compute_dtype} compute, reference {ref}, ZeRO-1 {zero}, rollout {rollout}"
         .format(**settings, rc="on" if settings["recompute"] else "off", sp="on" if settings["share_prompt"] else
                 "off", ref=settings["reference_dtype"] or "none (beta 0)",
+                micro=(f"packed micro-batches of {settings['max_tokens_per_micro_batch']} tokens"
+                       if settings["max_tokens_per_micro_batch"] else
+                       f"micro_batch_size {settings['micro_batch_size']}"),
                 zero="on" if settings["optimizer_shard"] else "off",
                 rollout=(f"vllm (gpu_memory_utilization {settings['gpu_memory_utilization']})"
                          if settings["backend"] == "vllm" else

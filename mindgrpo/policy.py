@@ -5,7 +5,9 @@ in :mod:`mindgrpo.trainer` reads as plain Python while everything heavy runs in 
 
 * ``CompletionLogProbs``: one forward over ``[prompt | completion]`` rows, projecting only the completion positions
   to the vocabulary (logits are the largest tensor: Qwen2.5's vocabulary is 151,936);
-* ``GRPOLossCell``: log-probs, then :func:`mindgrpo.algorithm.grpo_loss` (fused kernel or plain ops);
+* ``GRPOLossCell``: log-probs, then :func:`mindgrpo.algorithm.grpo_loss` (fused kernel or plain ops); with
+  ``actor_config.max_tokens_per_micro_batch`` the forwards take packed rows instead (``PackedLossCell``,
+  :mod:`mindgrpo.packing`);
 * gradient accumulation over micro-batches, data-parallel all-reduce, global-norm clipping and AdamW.
 """
 from __future__ import annotations
@@ -18,10 +20,12 @@ import numpy as np
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
-from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, grpo_loss, token_entropy, token_logprobs
+from mindgrpo.algorithm import (METRICS, LossSettings, group_advantages, grpo_loss, step_row_weights, token_entropy,
+                                token_logprobs)
 from mindgrpo.config import GRPOConfig
 from mindgrpo.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
-from mindgrpo.models import SharedPromptForward, build_model, export_hf, hf_parameters, load_hf_weights
+from mindgrpo.models import (PackedPromptForward, SharedPromptForward, build_model, export_hf, hf_parameters,
+                             load_hf_weights)
 from mindgrpo.models.export import export_hf_arrays
 from mindgrpo.models.weights import host_array
 from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
@@ -29,6 +33,7 @@ from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo import checkpoint as ckpt
 from mindgrpo.optim import AdamW, clip_to_norm, learning_rate_at, squared_norm
 from mindgrpo.optim_state import layout_record, load_resharded, rank_metadata
+from mindgrpo.packing import MicroBatch, micro_batches
 from mindgrpo.rollout import SamplingParams, build_rollout_engine
 
 
@@ -48,7 +53,8 @@ class UnsharedForward(nn.Cell):
 
 class CompletionLogProbs(nn.Cell):
     """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
-    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group) or :class:`UnsharedForward`.
+    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group), :class:`UnsharedForward` or
+    :class:`~mindgrpo.models.PackedPromptForward` (packed rows). The forward's third input holds the tokens.
 
     Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
     the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.models.tensor_parallel`), so
@@ -61,8 +67,9 @@ class CompletionLogProbs(nn.Cell):
         self.tensor_parallel = comm is not None and comm.size > 1
         self.vocab_start = getattr(forward, "vocab_start", 0)
 
-    def construct(self, prompt_part, prompt_mask, completion_ids):
-        logits = self.forward(prompt_part, prompt_mask, completion_ids)
+    def construct(self, *inputs):
+        logits = self.forward(*inputs)
+        completion_ids = inputs[2]
         if not self.tensor_parallel:
             return (token_logprobs(logits, completion_ids, self.temperature),
                     token_entropy(logits, self.temperature))
@@ -78,10 +85,12 @@ def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = Fals
     """The forward ``rl_config.share_prompt`` selects for ``model``. ``backward``: it is the actor's training
     forward, so ``actor_config.recompute`` applies (scoring without a backward never recomputes)."""
     rl = config.rl_config
+    recompute = backward and config.actor_config.recompute
+    if config.actor_config.max_tokens_per_micro_batch:
+        return PackedPromptForward(model, rl.seq_length, recompute=recompute)
     if not rl.share_prompt:
         return UnsharedForward(model)
-    return SharedPromptForward(model, rl.num_generations, rl.seq_length,
-                               recompute=backward and config.actor_config.recompute)
+    return SharedPromptForward(model, rl.num_generations, rl.seq_length, recompute=recompute)
 
 
 class GRPOLossCell(nn.Cell):
@@ -97,14 +106,32 @@ class GRPOLossCell(nn.Cell):
     def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
                   num_items):
         logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
+        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=num_items)
+
+    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=None, row_weights=None):
         mask = completion_mask.astype(logp.dtype)
         # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
                                   ref_logp if self.settings.beta > 0 else None, advantages, mask, cfg=self.settings,
                                   num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
-                                  dp_size=self.dp_size)
+                                  dp_size=self.dp_size, row_weights=row_weights)
         mean_entropy = (entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0)
         return loss, metrics, mean_entropy
+
+
+class PackedLossCell(GRPOLossCell):
+    """:class:`GRPOLossCell` of a packed micro-batch (:class:`mindgrpo.packing.MicroBatch`): the log-probs of its
+    rows are gathered into its completions' loss rows ``[C, W]`` (``unpack``), so the loss is per completion as in
+    the padded path, and each completion weighs in with its weight in the step's loss (``step_row_weights``)."""
+
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool):
+        super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
+
+    def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
+                  completion_mask, advantages, old_logp, ref_logp, row_weights):
+        logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source)
+        return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
+                          completion_mask, advantages, old_logp, ref_logp, row_weights=row_weights)
 
 
 class AccumulateGradients(nn.Cell):
@@ -246,9 +273,14 @@ class Policy:
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
             max_completion_length=sampling.max_tokens, impl=rl.loss_impl)
         group = rl.batch_size * rl.num_generations
+        # rows of max_tokens per packed forward; 0: padded micro-batches
+        self.pack_rows = actor_cfg.max_tokens_per_micro_batch // sampling.max_tokens
         actor_forward = completion_forward(self.actor, config, backward=True)
-        loss_cell = GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=rl.num_iterations == 1,
-                                 grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.dp_size)
+        on_policy = rl.num_iterations == 1
+        loss_cell = (PackedLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy)
+                     if self.pack_rows else
+                     GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
+                                  grad_accum_steps=group // actor_cfg.micro_batch_size, dp_size=dist.dp_size))
         accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
         self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist,
@@ -329,15 +361,14 @@ class Policy:
     def precompile(self, data) -> None:
         """Compile the training graphs for a batch shaped like ``data`` (a ``Rollouts`` of dummy tokens): the
         reference (and old) log-probs and one accumulated micro-batch, whose gradients are then dropped. Weights
-        and optimizer state are untouched."""
+        and optimizer state are untouched. Every micro-batch of a prompt width has one shape, padded or packed."""
         if self._ref_logprobs is not None:
             self.reference_logprobs(data)
         if self.config.rl_config.num_iterations > 1:
             self.actor_logprobs(data)
-        micro = self.config.actor_config.micro_batch_size
-        per_token = Tensor(np.zeros((micro, data.completion_ids.shape[1]), np.float32))
-        self._accumulate(*self._model_inputs(data, 0, micro), Tensor(data.completion_mask[:micro]),
-                         Tensor(np.zeros(micro, np.float32)), per_token, per_token, Tensor(1.0, ms.float32))
+        zeros = np.zeros(data.completion_mask.shape, np.float32)
+        inputs, _ = next(self._loss_inputs(data, zeros[:, 0], zeros, zeros, global_tokens=1.0))
+        self._accumulate(*inputs)
         self._drop_gradients()
 
     def _drop_gradients(self) -> None:
@@ -354,6 +385,13 @@ class Policy:
         return self._score(self._actor_logprobs, data, self.config.ref_config.ref_model_batch_size)
 
     def _score(self, cell: nn.Cell, data, chunk: int) -> np.ndarray:
+        if self.pack_rows:  # log-probs of the packed rows, put back in place (0 on padding)
+            out = np.zeros(data.completion_mask.shape, np.float32)
+            for batch in micro_batches(data, self.pack_rows, self.config.rl_config.num_generations):
+                logp, _ = cell(*self._packed_inputs(data, batch))
+                loss_rows, tokens = np.nonzero(batch.mask)
+                out[batch.completions[loss_rows], tokens] = logp.asnumpy().reshape(-1)[batch.unpack[loss_rows, tokens]]
+            return out
         out = []
         for start in range(0, len(data.completion_ids), chunk):
             logp, _ = cell(*self._model_inputs(data, start, chunk))
@@ -374,30 +412,58 @@ class Policy:
             mask = np.concatenate([data.prompt_mask[of_row], data.completion_mask[rows]], 1)
         return Tensor(prompt), Tensor(mask), Tensor(data.completion_ids[rows])
 
+    @staticmethod
+    def _packed_inputs(data, batch: MicroBatch):
+        """The packed forward's seven inputs for one micro-batch (see mindgrpo.packing.MicroBatch)."""
+        return (Tensor(data.prompt_ids[batch.prompts]), Tensor(data.prompt_mask[batch.prompts]),
+                Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments), Tensor(batch.row_prompt),
+                Tensor(batch.source))
+
+    def _loss_inputs(self, data, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray, *, global_tokens: float):
+        """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
+        on all ranks (dapo's normaliser)."""
+        micro = self.config.actor_config.micro_batch_size
+        if self.pack_rows:
+            weights = step_row_weights(self.settings, data.completion_mask.sum(1), micro, dp_size=self.dist.dp_size,
+                                       num_items_in_batch=global_tokens)
+            for batch in micro_batches(data, self.pack_rows, self.config.rl_config.num_generations):
+                rows = batch.completions
+                yield ((*self._packed_inputs(data, batch), Tensor(batch.unpack), Tensor(batch.mask),
+                        Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(weights[rows])),
+                       int(batch.mask.sum()))
+            return
+        num_items = Tensor(max(1.0, global_tokens), ms.float32)
+        for start in range(0, len(data.completion_ids), micro):
+            rows = slice(start, start + micro)
+            yield ((*self._model_inputs(data, start, micro), Tensor(data.completion_mask[rows]),
+                    Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), num_items),
+                   int(data.completion_mask[rows].sum()))
+
     def update(self, data, advantages: np.ndarray, old_logp: Optional[np.ndarray], ref_logp: Optional[np.ndarray],
                *, total_steps: int) -> Dict[str, float]:
-        """``num_iterations`` optimizer steps over this rank's rollouts; returns averaged metrics."""
+        """``num_iterations`` optimizer steps over this rank's rollouts; returns metrics averaged over them:
+        ``actor/loss`` is an optimizer step's loss (the sum of its micro-batches'), the other ``actor/`` metrics
+        token means over the step, whatever its micro-batches are."""
         rl = self.config.rl_config
-        micro = self.config.actor_config.micro_batch_size
-        n, width = data.completion_ids.shape
-        zeros = np.zeros((n, width), np.float32)
+        zeros = np.zeros(data.completion_mask.shape, np.float32)
         old = old_logp if old_logp is not None else zeros  # ignored on-policy: the cell uses detached logp
         ref = ref_logp if ref_logp is not None else zeros  # ignored when beta = 0
         # dapo normalises by the active tokens of the whole optimizer step on all ranks (see mindgrpo.algorithm.loss).
         global_tokens = all_reduce_sum(np.array([data.completion_mask.sum()]), self.dist)[0]
-        num_items = Tensor(max(1.0, global_tokens), ms.float32)
+        step_tokens = max(1.0, float(data.completion_mask.sum()))
         totals: Dict[str, float] = {}
         skipped = 0
         for _ in range(rl.num_iterations):
             sums: Dict[str, float] = {}
-            for start in range(0, n, micro):
-                rows = slice(start, start + micro)
-                loss, metrics, entropy = self._accumulate(
-                    *self._model_inputs(data, start, micro), Tensor(data.completion_mask[rows]),
-                    Tensor(advantages[rows].astype(np.float32)), Tensor(old[rows]), Tensor(ref[rows]), num_items)
+            # No collective runs per micro-batch (only tensor-parallel ones, within identical ranks), so
+            # data-parallel ranks may take different numbers of packed micro-batches.
+            for inputs, tokens in self._loss_inputs(data, advantages.astype(np.float32), old, ref,
+                                                    global_tokens=global_tokens):
+                loss, metrics, entropy = self._accumulate(*inputs)
                 named = dict(zip(METRIC_KEYS, metrics.asnumpy().tolist()))
-                for key, value in {"actor/loss": float(loss), "actor/entropy": float(entropy), **named}.items():
-                    sums[key] = sums.get(key, 0.0) + value
+                sums["actor/loss"] = sums.get("actor/loss", 0.0) + float(loss)
+                for key, value in {"actor/entropy": float(entropy), **named}.items():
+                    sums[key] = sums.get(key, 0.0) + value * tokens / step_tokens
             norm = float(self._reduce_and_clip())
             lr = learning_rate_at(self.config.actor_config.lr_schedule, self.optimizer.step_count,
                                   total_steps * rl.num_iterations)
@@ -409,7 +475,7 @@ class Policy:
                 self._drop_gradients()
                 skipped += 1  # keep the last good weights; the trainer counts and eventually stops
             for key, value in sums.items():
-                totals[key] = totals.get(key, 0.0) + value / (n // micro)
+                totals[key] = totals.get(key, 0.0) + value
             totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm
             totals["grpo/lr"] = lr
         out = {k: v / rl.num_iterations if k != "grpo/lr" else v for k, v in totals.items()}

@@ -12,9 +12,14 @@ without MindSpore.
   degrees/percent, `x =` dropped), with exact `Fraction` values for simple numeric forms and element-wise tuples. Pure
   Python and conservative: it never evaluates expressions, so `1+x` and `x+1` differ, but `1/2` never equals `2`.
 - Verifiers have the signature `fn(completion, gold, **context) -> float` and live in `VERIFIERS`;
-  `resolve_verifier` also accepts `package.module:function` specs so users can plug in their own.
-- `RewardScorer` runs a configured list of verifiers over a batch. A verifier that crashes or returns junk on one
-  completion costs that completion its score (and is counted), never the training run.
+  `resolve_verifier` also accepts `package.module:function` specs so users can plug in their own. Batch verifiers
+  (TRL's reward functions: `fn(completions, golds, **context) -> list of floats`) are registered beside them with
+  `register_verifier(name, batch=True)`, or marked with `@batch_verifier` for a `package.module:function` spec.
+- `RewardScorer` runs a configured list of verifiers over a batch, in the trainer's process or (with a time limit
+  per call, or several at once) in worker processes (`mindgrpo.verifier_workers`). A verifier that crashes, hangs or
+  returns junk on one completion costs that completion its score (and is counted), never the training run; one that
+  fails on every completion of a batch, or a batch verifier that does not return one number per completion, is a
+  bug: `VerifierError` stops the run, naming it.
 """
 from __future__ import annotations
 
@@ -25,13 +30,17 @@ import inspect
 import logging
 import math
 import numbers
+import pickle
 import re
+import reprlib
 from dataclasses import dataclass
 from decimal import Context, Decimal, InvalidOperation, localcontext
 from fractions import Fraction
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
+
+from mindgrpo.verifier_workers import CallOutcome, WorkerPool, WorkerStartError
 
 _log = logging.getLogger(__name__)
 
@@ -495,10 +504,19 @@ Verifier = Callable[..., float]
 VERIFIERS: Dict[str, Verifier] = {}
 # Verifiers that check format only; `RewardScorer(gate_accuracy_on_format=True)` uses them as the gate.
 FORMAT_VERIFIERS: Set[Verifier] = set()
+# Set to True on verifiers called once per batch, TRL style (see `batch_verifier`). An attribute of the function, not
+# a registry entry: a `package.module:function` spec marks itself when its module is imported.
+BATCH_MARK = "mindgrpo_batch_verifier"
 
 
 class VerifierSpecError(ValueError):
     """A verifier name or `package.module:function` spec that cannot be used (bad config, not a bad completion)."""
+
+
+class VerifierError(RuntimeError):
+    """A verifier that is broken, not unlucky: it failed on every completion of a batch, or (a batch verifier) did
+    not return one number per completion. Rewards of 0 from it would train the policy on nothing, silently, so the
+    trainer stops with this error before the update (`GRPOTrainer.train` lets it through unchanged)."""
 
 
 def _check_verifier_signature(fn: Callable, where: str) -> None:
@@ -519,8 +537,19 @@ def _check_verifier_signature(fn: Callable, where: str) -> None:
         )
 
 
-def register_verifier(name: str, *, is_format: bool = False) -> Callable[[Verifier], Verifier]:
-    """Decorator adding a verifier to `VERIFIERS` under `name` (set `is_format` for format-only checks)."""
+def batch_verifier(fn: Verifier) -> Verifier:
+    """Decorator marking `fn` as a batch verifier, `fn(completions, golds, **context) -> list of floats` (TRL's reward
+    functions): called once per batch with lists (context values too, one per completion), it must return one
+    number per completion. For functions named as `package.module:function`; registered names use
+    `register_verifier(name, batch=True)`."""
+    _check_verifier_signature(fn, getattr(fn, "__qualname__", repr(fn)))
+    setattr(fn, BATCH_MARK, True)
+    return fn
+
+
+def register_verifier(name: str, *, is_format: bool = False, batch: bool = False) -> Callable[[Verifier], Verifier]:
+    """Decorator adding a verifier to `VERIFIERS` under `name` (set `is_format` for format-only checks, `batch` for
+    a batch verifier: see `batch_verifier`)."""
     if not isinstance(name, str) or not name or ":" in name:
         raise VerifierSpecError(
             f"verifier name {name!r} must be a non-empty string without ':' (':' marks module specs)"
@@ -537,6 +566,8 @@ def register_verifier(name: str, *, is_format: bool = False) -> Callable[[Verifi
         VERIFIERS[name] = fn
         if is_format:
             FORMAT_VERIFIERS.add(fn)
+        if batch:
+            setattr(fn, BATCH_MARK, True)
         return fn
 
     return decorator
@@ -658,26 +689,75 @@ def _as_score(value: object) -> Optional[float]:
     return score if math.isfinite(score) and abs(score) <= _FLOAT32_MAX else None
 
 
+# Shows what a verifier returned in warnings and errors, shortened (a verifier may return a whole document).
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring, _SHORT_REPR.maxother = 80, 160
+
+
+# How several verifiers' scores become the reward the advantages are computed from (reward_config.aggregation),
+# TRL's `multi_objective_aggregation`. The one list of choices: mindgrpo.config's CHOICES reads it from here.
+AGGREGATIONS = ("sum_then_normalize", "normalize_then_sum")
+# Added to each group's std by `normalize_then_sum`: TRL's 1e-4, the same as mindgrpo.algorithm.advantages'
+# DEFAULT_STD_EPS (not imported: that module loads MindSpore, and rewards must not).
+GROUP_STD_EPS = 1e-4
+
+
+def group_normalize(scores: np.ndarray, group_size: int, eps: float = GROUP_STD_EPS) -> np.ndarray:
+    """`(r - group mean) / (group std + eps)` over consecutive groups of `group_size` scores, float64 [N].
+
+    The std is the unbiased one (TRL's `nanstd`); a group of one has no spread and gives 0, as in TRL."""
+    grouped = np.asarray(scores, np.float64).reshape(-1, group_size)
+    centered = grouped - grouped.mean(axis=1, keepdims=True)
+    if group_size == 1:
+        return centered.reshape(-1)
+    std = np.sqrt((centered * centered).sum(axis=1, keepdims=True) / (group_size - 1))
+    return (centered / (std + eps)).reshape(-1)
+
+
 @dataclass
 class RewardBatch:
     """Rewards for one batch of completions."""
 
-    total: np.ndarray  # float32 [N]: weighted sum of verifier scores (or gated, see RewardScorer)
+    total: np.ndarray  # float32 [N]: weighted sum of verifier scores (or gated, see RewardScorer); what is logged
     per_verifier: Dict[str, np.ndarray]  # float32 [N] raw score of each configured verifier, keyed by its config name
-    failures: Dict[str, int]  # per verifier: completions on which it raised or returned NaN/inf/a non-number
+    failures: Dict[str, int]  # per verifier: completions on which it raised, timed out or returned NaN/inf/a non-number
+    timeouts: Dict[str, int]  # per verifier: completions whose call exceeded the time limit (also in failures)
+    aggregated: np.ndarray  # float32 [N]: what the advantages are computed from (`total` unless normalize_then_sum)
+
+
+@dataclass
+class _Tally:
+    """One verifier's results over a batch, as they come in."""
+
+    scores: np.ndarray
+    failed: int = 0
+    timed_out: int = 0
+    first: str = ""  # the first failure, e.g. "raised ValueError: bad on completion 3"
+    cause: Optional[BaseException] = None
 
 
 class RewardScorer:
     """Scores completions with the verifiers named in `reward_config.verifier_function`.
 
-    Total reward per completion:
+    Total reward per completion (`RewardBatch.total`, the logged reward):
     - default: `sum_v weight_v * score_v`;
     - `gate_accuracy_on_format=True`: `gate * sum_{v not format} weight_v * score_v`, where `gate` is 1 when every
       format verifier in the list (`format_reward`, `hash_format_reward` or any registered with `is_format=True`)
       scored exactly 1.0 on that completion, else 0. Format verifiers then add nothing themselves (their weights are
       unused): accuracy is multiplied by format instead of added to it, so a well-formatted wrong answer earns 0.
 
+    `aggregation` (TRL's `multi_objective_aggregation`) says what the advantages are computed from
+    (`RewardBatch.aggregated`): `sum_then_normalize` the total above; `normalize_then_sum` (GDPO) the weighted sum of
+    each verifier's scores normalised within its group of `group_size` consecutive completions (`group_normalize`),
+    so a verifier with a wide range cannot drown out the others.
+
     `fallback_last_number` is passed to every verifier as a keyword (accuracy_reward honours it; others ignore it).
+
+    With `verifier_timeout > 0` or `verifier_parallel > 0` the verifiers run in `max(1, verifier_parallel)` worker
+    processes (`mindgrpo.verifier_workers`), which must be able to import each verifier by name; a call that takes
+    longer than `verifier_timeout` seconds is cut, scores 0 and is counted in `RewardBatch.timeouts` and `failures`.
+    Call :meth:`close` (or use the scorer as a context manager) to stop the workers early; they also stop when the
+    scorer is garbage collected or the process exits.
     """
 
     def __init__(
@@ -687,6 +767,10 @@ class RewardScorer:
         *,
         gate_accuracy_on_format: bool = False,
         fallback_last_number: bool = False,
+        aggregation: str = "sum_then_normalize",
+        group_size: int = 1,
+        verifier_timeout: float = 0.0,
+        verifier_parallel: int = 0,
     ) -> None:
         names = [verifier_function] if isinstance(verifier_function, str) else list(verifier_function)
         if not names:
@@ -710,6 +794,7 @@ class RewardScorer:
         self.gate_accuracy_on_format = bool(gate_accuracy_on_format)
         self.fallback_last_number = bool(fallback_last_number)
         self.gates = [name for name, fn in self.functions.items() if any(fn is g for g in FORMAT_VERIFIERS)]
+        self.batched = {name for name, fn in self.functions.items() if getattr(fn, BATCH_MARK, False) is True}
         if self.gate_accuracy_on_format:
             if not self.gates:
                 raise ValueError(
@@ -722,7 +807,14 @@ class RewardScorer:
                     "reward_config.gate_accuracy_on_format=True needs something to gate: add 'accuracy_reward' to "
                     f"reward_config.verifier_function (got only format verifiers {names})"
                 )
-        self._warned: Set[str] = set()
+        self.aggregation, self.group_size = self._check_aggregation(aggregation, group_size)
+        self.verifier_timeout, processes = self._check_workers(verifier_timeout, verifier_parallel)
+        self._pool: Optional[WorkerPool] = None
+        if processes:
+            for index, (name, fn) in enumerate(self.functions.items()):
+                _check_sendable(name, fn, index)
+            self._pool = WorkerPool(self.functions, processes, timeout=self.verifier_timeout)
+        self._warned: Set[Tuple[str, bool]] = set()
 
     @staticmethod
     def _check_weights(names: List[str], verifier_weight: Optional[Sequence[float]]) -> Dict[str, float]:
@@ -744,8 +836,49 @@ class RewardScorer:
             checked[name] = float(weight)
         return checked
 
+    def _check_aggregation(self, aggregation: str, group_size: int) -> Tuple[str, int]:
+        if aggregation not in AGGREGATIONS:
+            raise ValueError(f"reward_config.aggregation = {aggregation!r}: choose one of {', '.join(AGGREGATIONS)}")
+        if aggregation == "normalize_then_sum" and self.gate_accuracy_on_format:
+            raise ValueError(
+                "reward_config.aggregation = normalize_then_sum normalises each verifier on its own, and "
+                "reward_config.gate_accuracy_on_format multiplies accuracy by format: choose one of them"
+            )
+        if isinstance(group_size, bool) or not isinstance(group_size, numbers.Integral) or group_size < 1:
+            raise ValueError(f"RewardScorer group_size = {group_size!r}: must be a whole number >= 1 (the "
+                             "completions per prompt, rl_config.num_generations)")
+        return aggregation, int(group_size)
+
+    @staticmethod
+    def _check_workers(verifier_timeout: float, verifier_parallel: int) -> Tuple[float, int]:
+        """(timeout, worker processes to start: 0 runs the verifiers in this process)."""
+        timeout = _as_score(verifier_timeout) if not isinstance(verifier_timeout, bool) else None
+        if timeout is None or timeout < 0:
+            raise ValueError(f"reward_config.verifier_timeout = {verifier_timeout!r}: must be a finite number of "
+                             "seconds >= 0 (0: no time limit)")
+        if isinstance(verifier_parallel, bool) or not isinstance(verifier_parallel, numbers.Integral) \
+                or verifier_parallel < 0:
+            raise ValueError(f"reward_config.verifier_parallel = {verifier_parallel!r}: must be a whole number >= 0 "
+                             "(0: verifiers run in the trainer's process)")
+        workers = int(verifier_parallel) or (1 if timeout > 0 else 0)  # a time limit needs a process to kill
+        return timeout, workers
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (a later `score` starts them again)."""
+        if self._pool is not None:
+            self._pool.close()
+
+    def __enter__(self) -> "RewardScorer":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def score(self, completions: Sequence[str], golds: Sequence[str], **context_lists: Sequence[object]) -> RewardBatch:
-        """Score each completion against its gold answer; `context_lists` (e.g. `prompt=[...]`) are per-completion."""
+        """Score each completion against its gold answer; `context_lists` (e.g. `prompt=[...]`) are per-completion.
+
+        Raises VerifierError when a verifier failed on every completion (and there was at least one), or when a
+        batch verifier returned anything but one number per completion."""
         count = len(completions)
         if len(golds) != count:
             raise ValueError(
@@ -759,45 +892,111 @@ class RewardScorer:
                 raise ValueError(
                     f"RewardScorer.score context list {key!r} has {len(values)} entries for {count} completions"
                 )
-        per_verifier: Dict[str, np.ndarray] = {}
-        failures: Dict[str, int] = {}
-        for name, fn in self.functions.items():
-            per_verifier[name], failures[name] = self._run(name, fn, completions, golds, context_lists)
-        return RewardBatch(self._total(per_verifier, count), per_verifier, failures)
+        if self.aggregation == "normalize_then_sum" and count % self.group_size:
+            raise ValueError(f"RewardScorer.score got {count} completions, not whole groups of {self.group_size} "
+                             "(reward_config.aggregation = normalize_then_sum normalises within each group)")
+        tallies = {name: _Tally(np.zeros(count, dtype=np.float32)) for name in self.functions}
+        calls = self._calls(completions, golds, context_lists)
+        for (name, index, _, _), outcome in zip(calls, self._run(calls)):
+            if index is None:
+                self._take_batch(name, tallies[name], outcome, count)
+            else:
+                self._take(name, tallies[name], index, outcome)
+        for name, tally in tallies.items():
+            if count and tally.failed == count:
+                hint = (" Raise reward_config.verifier_timeout or make the verifier faster." if tally.timed_out
+                        else " Fix the verifier, or remove it from reward_config.verifier_function.")
+                raise VerifierError(
+                    f"verifier {name!r} failed on all {count} completions of this batch, so every reward it gave "
+                    f"would be 0: that is a bug, not noise, and the run stops before the update. First failure: "
+                    f"{tally.first}.{hint}"
+                ) from tally.cause
+        per_verifier = {name: tally.scores for name, tally in tallies.items()}
+        total = self._total(per_verifier, count)
+        return RewardBatch(total, per_verifier, {name: t.failed for name, t in tallies.items()},
+                           {name: t.timed_out for name, t in tallies.items()}, self._aggregated(per_verifier, total))
 
-    def _run(
-        self,
-        name: str,
-        fn: Verifier,
-        completions: Sequence[str],
-        golds: Sequence[str],
-        context_lists: Mapping[str, Sequence[object]],
-    ) -> Tuple[np.ndarray, int]:
-        """One verifier over the batch: (float32 scores, number of failed completions)."""
-        scores = np.zeros(len(completions), dtype=np.float32)
-        failed = 0
-        for index, (completion, gold) in enumerate(zip(completions, golds)):
-            context = {key: values[index] for key, values in context_lists.items()}
-            try:
-                value = fn(completion, gold, fallback_last_number=self.fallback_last_number, **context)
-            except Exception as exc:  # one bad completion (or verifier bug) must not stop training; it is counted
-                failed += 1
-                self._warn_once(name, f"raised {type(exc).__name__}: {exc}", index)
+    def _calls(self, completions: Sequence[str], golds: Sequence[str],
+               context_lists: Mapping[str, Sequence[object]]) -> List[Tuple[str, Optional[int], tuple, dict]]:
+        """Every verifier call of a batch: (verifier, completion index or None for a batch call, args, kwargs)."""
+        calls: List[Tuple[str, Optional[int], tuple, dict]] = []
+        for name in self.functions:
+            if name in self.batched:
+                context = {key: list(values) for key, values in context_lists.items()}
+                calls.append((name, None, (list(completions), list(golds)),
+                              {"fallback_last_number": self.fallback_last_number, **context}))
                 continue
+            for index, (completion, gold) in enumerate(zip(completions, golds)):
+                context = {key: values[index] for key, values in context_lists.items()}
+                calls.append((name, index, (completion, gold),
+                              {"fallback_last_number": self.fallback_last_number, **context}))
+        return calls
+
+    def _run(self, calls: List[Tuple[str, Optional[int], tuple, dict]]) -> List[CallOutcome]:
+        if self._pool is None:
+            return [_call_here(self.functions[name], args, kwargs) for name, _, args, kwargs in calls]
+        try:
+            return self._pool.run([(name, args, kwargs) for name, _, args, kwargs in calls])
+        except WorkerStartError as exc:
+            raise VerifierError(f"the verifier workers (reward_config.verifier_parallel / verifier_timeout) could "
+                                f"not start: {exc}") from exc
+
+    def _problem(self, outcome: CallOutcome) -> str:
+        if outcome.timed_out:
+            return f"exceeded reward_config.verifier_timeout = {self.verifier_timeout:g} s"
+        return outcome.error
+
+    def _take(self, name: str, tally: _Tally, index: int, outcome: CallOutcome) -> None:
+        """One per-completion call's outcome: a score, or a counted failure."""
+        if not outcome.error and not outcome.timed_out:
+            score = _as_score(outcome.value)
+            if score is not None:
+                tally.scores[index] = score
+                return
+            problem = f"returned {_SHORT_REPR.repr(outcome.value)} (not a finite number)"
+        else:
+            problem = self._problem(outcome)
+        self._fail(name, tally, f"{problem} on completion {index}", outcome)
+
+    def _take_batch(self, name: str, tally: _Tally, outcome: CallOutcome, count: int) -> None:
+        """A batch verifier's outcome: one number per completion, or VerifierError."""
+        if outcome.error or outcome.timed_out:  # no score for any completion
+            for _ in range(count):
+                self._fail(name, tally, f"{self._problem(outcome)} on the whole batch", outcome)
+            return
+        values = outcome.value
+        if not isinstance(values, (list, tuple)) and not (isinstance(values, np.ndarray) and values.ndim == 1):
+            shown = (f"an array of shape {values.shape}" if isinstance(values, np.ndarray)
+                     else f"{_SHORT_REPR.repr(values)} ({type(values).__name__})")
+            raise VerifierError(f"batch verifier {name!r} returned {shown}; it must return a list of {count} "
+                                "numbers, one per completion")
+        if len(values) != count:
+            raise VerifierError(f"batch verifier {name!r} returned {len(values)} scores for {count} completions; it "
+                                "must return one number per completion, in the order given")
+        for index, value in enumerate(values):
+            if not isinstance(value, (numbers.Real, np.bool_)):
+                raise VerifierError(
+                    f"batch verifier {name!r} returned {_SHORT_REPR.repr(value)} ({type(value).__name__}) for "
+                    f"completion {index}, not a number; return a float for every completion (None, TRL's 'does not "
+                    "apply', is not supported: return 0.0)")
             score = _as_score(value)
             if score is None:
-                failed += 1
-                self._warn_once(name, f"returned {value!r} (not a finite number)", index)
-                continue
-            scores[index] = score
-        return scores, failed
+                self._fail(name, tally, f"returned {value!r} (not a finite number) on completion {index}", outcome)
+            else:
+                tally.scores[index] = score
 
-    def _warn_once(self, name: str, problem: str, index: int) -> None:
-        # Counts go to RewardBatch.failures every step; the log only needs the first example to debug from.
-        if name not in self._warned:
-            self._warned.add(name)
-            _log.warning("verifier %r %s on completion %d; such completions score 0 and are counted in "
-                         "RewardBatch.failures (further failures are not logged)", name, problem, index)
+    def _fail(self, name: str, tally: _Tally, problem: str, outcome: CallOutcome) -> None:
+        tally.failed += 1
+        tally.timed_out += outcome.timed_out
+        if not tally.first:
+            tally.first, tally.cause = problem, outcome.exception
+        # Counts go to RewardBatch.failures every step; the log only needs the first example (of a failure, and of a
+        # timeout) to debug from.
+        if (name, outcome.timed_out) not in self._warned:
+            self._warned.add((name, outcome.timed_out))
+            _log.warning("verifier %r %s; such completions score 0 and are counted in RewardBatch.%s (further "
+                         "ones are not logged)", name, problem,
+                         "timeouts and failures" if outcome.timed_out else "failures")
 
     def _total(self, per_verifier: Mapping[str, np.ndarray], count: int) -> np.ndarray:
         total = np.zeros(count, dtype=np.float64)
@@ -810,3 +1009,38 @@ class RewardScorer:
                 passed &= per_verifier[name] == 1.0
             total *= passed
         return total.astype(np.float32)
+
+    def _aggregated(self, per_verifier: Mapping[str, np.ndarray], total: np.ndarray) -> np.ndarray:
+        if self.aggregation == "sum_then_normalize":
+            return total
+        summed = np.zeros(len(total), dtype=np.float64)
+        for name, scores in per_verifier.items():
+            summed += self.weights[name] * group_normalize(scores, self.group_size)
+        return summed.astype(np.float32)
+
+
+def _call_here(fn: Verifier, args: tuple, kwargs: dict) -> CallOutcome:
+    """A verifier call in this process."""
+    try:
+        return CallOutcome(value=fn(*args, **kwargs))
+    except Exception as exc:  # one bad completion (or verifier bug) must not stop training; it is counted
+        return CallOutcome(error=f"raised {type(exc).__name__}: {exc}", exception=exc)
+
+
+def _check_sendable(name: str, fn: Verifier, index: int) -> None:
+    """Refuse, at config time, a verifier a worker process could not import by name."""
+    problem = ""
+    if getattr(fn, "__module__", type(fn).__module__) == "__main__":
+        problem = "it is defined in the __main__ script or a notebook, which workers do not run"
+    else:
+        try:
+            pickle.loads(pickle.dumps(fn))
+        except Exception as exc:
+            problem = f"{type(exc).__name__}: {exc}"
+    if problem:
+        raise VerifierSpecError(
+            f"reward_config.verifier_function[{index}] {name!r} must run in a worker process "
+            f"(reward_config.verifier_timeout or verifier_parallel is set), and workers import verifiers by name, "
+            f"but it cannot be sent to one ({problem}). Define it at the top level of a module on PYTHONPATH, or "
+            "set verifier_timeout: 0 and verifier_parallel: 0 to run it in the trainer's process"
+        )

@@ -25,7 +25,7 @@ from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
 from mindgrpo.metrics import MetricsLogger, throughput_tps
 from mindgrpo.preflight import check_run_inputs
-from mindgrpo.rewards import RewardScorer
+from mindgrpo.rewards import RewardScorer, VerifierError
 from mindgrpo.run_lock import lock_output_dir
 from mindgrpo.tokenizer import load_tokenizer
 
@@ -35,6 +35,10 @@ SHARD_STAGING = ".shards-step_"  # per-rank optimizer files wait here until rank
 
 class TrainingError(RuntimeError):
     """The run cannot continue (e.g. repeated non-finite updates)."""
+
+
+class PeerLostError(TrainingError):
+    """Another rank of a multi-rank run died; this one cannot continue (its collectives are broken)."""
 
 
 @dataclass
@@ -93,9 +97,13 @@ class GRPOTrainer:
                               intermediate_size=hf["intermediate_size"], device_target=self.device_target)
         self.policy = Policy(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
                              pad_token_id=self.tokenizer.pad_token_id)
-        self.scorer = RewardScorer(config.reward_config.verifier_function, config.reward_config.verifier_weight,
-                                   gate_accuracy_on_format=config.reward_config.gate_accuracy_on_format,
-                                   fallback_last_number=config.reward_config.fallback_last_number)
+        reward = config.reward_config
+        self.scorer = RewardScorer(reward.verifier_function, reward.verifier_weight,
+                                   gate_accuracy_on_format=reward.gate_accuracy_on_format,
+                                   fallback_last_number=reward.fallback_last_number,
+                                   aggregation=reward.aggregation, group_size=rl.num_generations,
+                                   verifier_timeout=reward.verifier_timeout,
+                                   verifier_parallel=reward.verifier_parallel)
 
         # Ranks of one tensor-parallel group share prompts: the data is split over data-parallel ranks only.
         steps_per_epoch = self.dataset.steps_per_epoch(rl.batch_size, self.dist.dp_size)
@@ -153,14 +161,17 @@ class GRPOTrainer:
                         self.save_checkpoint()
                 if not self.checkpoints.step_dir(self.step).exists():
                     self.save_checkpoint()
+        except VerifierError:
+            raise  # this rank's own verdict on its verifiers: the peers' state would only hide it
         except (Exception, peers.Terminated) as err:
             # A failed collective (or msrun's SIGTERM) says nothing of its cause when a peer died: name the peer.
             lost = peers.lost_peers(rl.output_dir, dist.rank, dist.world_size) if dist.world_size > 1 else []
             if not lost:
                 raise
-            raise TrainingError(peers.describe_lost(lost, dist.rank)) from err
+            raise PeerLostError(peers.describe_lost(lost, dist.rank)) from err
         finally:
             self.metrics.close()
+            self.scorer.close()  # the verifier workers, if any (a later train_step starts them again)
         return last
 
     def train_step(self) -> Dict[str, float]:
@@ -175,7 +186,7 @@ class GRPOTrainer:
             rollout = self.policy.generate(batch.prompt_ids, seed=self._sampling_seed())
         data = self.last_rollouts = self._pack(batch, rollout.completion_ids, rollout.completion_mask)
 
-        # 2. Score every completion with the rule-based verifiers.
+        # 2. Score every completion with the rule-based verifiers (a verifier that fails on all of them raises).
         completions = self.tokenizer.batch_decode(
             [ids[mask.astype(bool)] for ids, mask in zip(data.completion_ids, data.completion_mask)])
         golds = [g for g in batch.golds for _ in range(rl.num_generations)]
@@ -183,7 +194,7 @@ class GRPOTrainer:
         rewards = self.scorer.score(completions, golds, question=questions)
 
         # 3. Group-relative advantages (groups never straddle ranks: each rank holds whole groups).
-        advantages, zero_std_groups = self.policy.advantages(rewards.total)
+        advantages, zero_std_groups = self.policy.advantages(rewards.aggregated)
 
         # 4. Reference log-probs for the KL penalty (skipped when beta = 0).
         with _timed(timings, "timing/reference_model"):
@@ -198,7 +209,7 @@ class GRPOTrainer:
             update = self.policy.update(data, advantages, old_logp, ref_logp, total_steps=self.total_steps)
         if update["skipped"]:
             self.skipped_in_a_row += 1
-            if self.skipped_in_a_row > rl.max_skipped_steps:
+            if self.skipped_in_a_row > rl.max_skipped_updates:
                 raise TrainingError(
                     f"step {self.step + 1}: {self.skipped_in_a_row} steps in a row had a non-finite loss or gradient; "
                     "the weights are those of the last good update. Lower actor_config.lr_schedule.learning_rate, "
@@ -258,12 +269,14 @@ class GRPOTrainer:
         }
         verifier_sums = all_reduce_sum(np.array([v.sum() for v in rewards.per_verifier.values()] +
                                                 [float(f) for f in rewards.failures.values()] +
+                                                [float(t) for t in rewards.timeouts.values()] +
                                                 [float(zero_std_groups)]), self.dist)
         k = len(rewards.per_verifier)
         for i, name in enumerate(rewards.per_verifier):
             metrics[f"grpo/rewards/{short_name(name)}"] = verifier_sums[i] / count
         for i, name in enumerate(rewards.failures):
             metrics[f"grpo/verifier_failures/{short_name(name)}"] = verifier_sums[k + i]
+            metrics[f"grpo/verifier_timeouts/{short_name(name)}"] = verifier_sums[2 * k + i]
         metrics["grpo/zero_std_groups"] = verifier_sums[-1]
         metrics["grpo/advantages/abs_mean"] = float(np.abs(advantages).mean())
         metrics.update(update)

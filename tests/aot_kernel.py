@@ -3,7 +3,8 @@ import ctypes
 
 import numpy as np
 
-_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.float16): b"float16"}
+_DTYPES = {np.dtype(np.float32): b"float32", np.dtype(np.int32): b"int32", np.dtype(np.int64): b"int64",
+           np.dtype(np.float16): b"float16"}
 
 
 class AotKernel:

@@ -7,8 +7,8 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm import (IMPLS, METRICS, LossSettings, canonical_kl_estimator, group_advantages, grpo_loss,
-                                kl_penalty, metrics_dict, token_entropy, token_logprobs)
+from mindgrpo.algorithm import (IMPLS, LOSS_TYPES, METRICS, LossSettings, canonical_kl_estimator, group_advantages,
+                                grpo_loss, kl_penalty, metrics_dict, step_row_weights, token_entropy, token_logprobs)
 
 
 def run(fn, mode: str):
@@ -201,6 +201,39 @@ def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
         rank_losses.append(total)
     assert np.mean(rank_losses) == pytest.approx(full_loss, abs=1e-6)
     np.testing.assert_allclose(grad, full_grad, atol=1e-7)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_row_weights_give_the_step_loss_however_sequences_are_grouped(impl, loss_type):
+    """Packed training regroups a step's sequences into micro-batches of other sizes and members: summed with
+    step_row_weights, they give the loss and gradient of the consecutive micro-batches of micro_batch_size (one rank
+    of two: dapo's num_items counts both)."""
+    logp, old, ref, adv, mask = random_batch(12, 8, 10)
+    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
+                            max_completion_length=10, impl=impl)
+    num_items = float(mask.sum()) * 1.7  # the other rank's tokens too
+    weights = step_row_weights(settings, mask.sum(1), 4, dp_size=2, num_items_in_batch=num_items)
+
+    def value_and_grad(rows, **reduce):
+        fn = ms.value_and_grad(lambda lp: grpo_loss(lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]),
+                                                    Tensor(mask[rows]), cfg=settings, **reduce)[0])
+        loss, grad = fn(Tensor(logp[rows]))
+        return float(loss), grad.asnumpy()
+
+    def step(groups, **reduce):
+        loss, grad = 0.0, np.zeros_like(logp)
+        for rows in groups:
+            part, grad[rows] = value_and_grad(rows, **(reduce or {"row_weights": Tensor(weights[rows])}))
+            loss += part
+        return loss, grad
+
+    padded = step([np.arange(0, 4), np.arange(4, 8)], num_items_in_batch=Tensor(np.float32(num_items)),
+                  grad_accum_steps=2, dp_size=2)
+    regrouped = step([np.array([6, 1, 3]), np.array([0, 7]), np.array([2, 5, 4])])
+    assert regrouped[0] == pytest.approx(padded[0], rel=1e-5) and abs(padded[0]) > 1e-3
+    np.testing.assert_allclose(regrouped[1], padded[1], rtol=0, atol=1e-7)
+    assert np.abs(padded[1]).max() > 1e-3
 
 
 # ---------------------------------------------------------------------------------------------------------------

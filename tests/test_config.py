@@ -54,6 +54,18 @@ def test_unknown_key_names_file_line_and_suggests(tmp_path):
     assert f"{cfg_file}:3" in msg and "rl_config.num_generation" in msg and "did you mean 'num_generations'" in msg
 
 
+def test_renamed_key_still_works_with_a_warning_naming_the_new_key(tmp_path):
+    from mindgrpo.config import ConfigWarning
+
+    cfg_file = write(tmp_path / "g.yaml", "rl_config:\n  beta: 0.1\n  max_skipped_steps: 5\n")
+    with pytest.warns(ConfigWarning, match=rf"{cfg_file}:3.*'rl_config.max_skipped_steps' is now called "
+                                           r"'rl_config.max_skipped_updates'"):
+        cfg = load_config(cfg_file)
+    assert cfg.rl_config.max_skipped_updates == 5
+    with pytest.warns(ConfigWarning, match="max_skipped_updates"):
+        assert load_config(overrides=["rl_config.max_skipped_steps=1"]).rl_config.max_skipped_updates == 1
+
+
 def test_unknown_group_and_bad_type(tmp_path):
     with pytest.raises(ConfigError, match="did you mean 'actor_config'"):
         load_config(write(tmp_path / "a.yaml", "actr_config:\n  load: x\n"))

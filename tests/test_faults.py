@@ -254,14 +254,14 @@ def test_a_second_run_on_the_same_output_folder_is_refused(tmp_path, prompts, de
 def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, prompts, demo_plain):
     """A reward whose advantages overflow the gradients to inf: each such update is skipped and counted in
     grpo/skipped_updates, the weights stay those of the last good update (finite), and the third bad step in a
-    row (rl_config.max_skipped_steps = 2) stops the run with a clear error; the newest checkpoint is good."""
+    row (rl_config.max_skipped_updates = 2) stops the run with a clear error; the newest checkpoint is good."""
     import toy_verifiers
     from mindgrpo.checkpoint import CheckpointManager
     from mindgrpo.models import state_dict_hf
     from mindgrpo.trainer import GRPOTrainer, TrainingError
 
     out = tmp_path / "run"
-    cfg = make_config(out, prompts, demo_plain.model_dir, max_steps=12, max_skipped_steps=2, scale_rewards="none")
+    cfg = make_config(out, prompts, demo_plain.model_dir, max_steps=12, max_skipped_updates=2, scale_rewards="none")
     cfg.reward_config.verifier_function = ["toy_verifiers:poisonable"]
     trainer = GRPOTrainer(cfg)
     for _ in range(2):
@@ -473,39 +473,39 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
 
 
 WORKER = """
-import os, subprocess, sys
-# msrun starts this wrapper; the trainer runs in a child, so the wrapper can record how that child ended.
+import os, runpy, subprocess, sys
+# msrun starts this wrapper; main.py runs in a child, so the wrapper can record how that child ended.
 if sys.argv[1] == "wrap":
     done = subprocess.run([sys.executable, __file__, "train", *sys.argv[2:]])
     if os.environ.get("MS_ROLE") == "MS_WORKER":  # msrun runs the script as the scheduler too
-        open(os.path.join(sys.argv[3], f"exit_{os.environ['MS_NODE_ID']}"), "w").write(str(done.returncode))
+        open(os.path.join(sys.argv[2], f"exit_{os.environ['MS_NODE_ID']}"), "w").write(str(done.returncode))
     sys.exit(done.returncode)
-import mindgrpo
-from mindgrpo.config import load_config
-from mindgrpo.trainer import GRPOTrainer
-trainer = GRPOTrainer(load_config(sys.argv[2]))
-open(os.path.join(sys.argv[3], f"pid_rank{trainer.dist.rank}"), "w").write(str(os.getpid()))
-trainer.train()
+if os.environ.get("MS_ROLE") == "MS_WORKER":
+    open(os.path.join(sys.argv[2], f"pid_rank{os.environ['RANK_ID']}"), "w").write(str(os.getpid()))
+sys.argv = [MAIN, *sys.argv[3:]]
+runpy.run_path(MAIN, run_name="__main__")
 """
 
 
-def test_msrun_worker_killed_the_other_exits_within_two_minutes(tmp_path, prompts, demo_plain):
-    """SIGKILL rank 1 of a 2-worker run started as the README starts it (msrun without --join): rank 0 does not
-    hang in its next collective. About 30 s later MindSpore's scheduler declares rank 1 timed out and rank 0 ends,
-    by SIGTERM or with a failed collective ("Launch kernel failed, name:Default/AllReduce", "The state of the
-    cluster is error"; all seen here), well within 2 minutes and never with exit code 0. Either way its own log
-    names the lost rank and its pid (mindgrpo/peers.py), as does the scheduler's by node id."""
-    from mindgrpo.checkpoint import pid_alive
+def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_resumes(tmp_path, prompts, demo_plain):
+    """SIGKILL rank 1 of a 2-worker run started as the README starts it (msrun without --join, main.py): rank 0
+    does not hang in its next collective. About 30 s later MindSpore's scheduler declares rank 1 timed out and
+    rank 0 ends, by SIGTERM or with a failed collective ("Launch kernel failed, name:Default/AllReduce", "The
+    state of the cluster is error"; all seen here), well within 2 minutes and never with exit code 0. Either way
+    its own log names the lost rank and its pid (mindgrpo/peers.py), as does the scheduler's by node id. Then
+    ``--resume_training`` under msrun continues from the last checkpoint: every step is logged once."""
+    from mindgrpo.checkpoint import CheckpointManager, pid_alive
 
     cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=100000,
-                                     save_ckpt_interval=0), 2)
+                                     save_ckpt_interval=2), 2)
     cfg_path = write_yaml(tmp_path / "dp.yaml", cfg)
     script = tmp_path / "worker.py"
-    script.write_text(WORKER)
+    script.write_text(WORKER.replace("MAIN", repr(str(REPO / "examples" / "grpo" / "main.py"))))
     logs = tmp_path / "msrun_log"
     subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-                    f"--master_port={_free_port()}", f"--log_dir={logs}", str(script), "wrap", str(cfg_path),
-                    str(tmp_path)], env=ENV, check=True, timeout=120)  # returns at once: workers run detached
+                    f"--master_port={_free_port()}", f"--log_dir={logs}", str(script), "wrap", str(tmp_path),
+                    "--config", str(cfg_path)],
+                   env=ENV, check=True, timeout=120)  # returns at once: workers run detached
     metrics, deadline = tmp_path / "dp" / "metrics.jsonl", time.time() + 900
     while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
         assert time.time() < deadline, "".join(p.read_text(errors="replace")[-2000:] for p in logs.glob("*.log"))
@@ -528,3 +528,16 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes(tmp_path, prompt
     assert "The node: 1 is timed out" in (logs / "scheduler.log").read_text(errors="replace")
     rank0_log = (logs / "worker_0.log").read_text(errors="replace")
     assert f"rank 1 (pid {rank1} on " in rank0_log and "--resume_training" in rank0_log, rank0_log[-3000:]
+
+    # The run resumes from its newest checkpoint, under msrun as the README starts it, and ends cleanly.
+    last = CheckpointManager(tmp_path / "dp" / "checkpoints").latest()
+    saved = int(last.name.split("_")[-1])
+    end = saved + 2
+    logs = tmp_path / "msrun_resume_log"
+    done = subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
+                           f"--master_port={_free_port()}", f"--log_dir={logs}", "--join=True",
+                           str(REPO / "examples" / "grpo" / "main.py"), "--config", str(cfg_path),
+                           "--resume_training", f"rl_config.max_steps={end}"],
+                          env=ENV, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, "".join(p.read_text(errors="replace")[-2000:] for p in logs.glob("*.log"))
+    assert [r["step"] for r in read_metrics(tmp_path / "dp")] == list(range(1, end + 1))

@@ -87,7 +87,7 @@ def test_two_msrun_nodes_on_one_host(tmp_path):
 for a in "$@"; do
   case "$a" in */examples/grpo/main.py) args+=("{probe}") ;; *) args+=("$a") ;; esac
 done
-exec "{sys.executable}" "{real}" "${{args[@]}}"
+exec "{real}" "${{args[@]}}"
 """)
     runs = launch_nodes(CONFIG, ["rl_config.seed=3"], nodes=2, workers_per_node=1, log_root=tmp_path / "logs",
                         cwd=tmp_path, env=env, timeout=300)

@@ -1,8 +1,11 @@
-"""Tests for mindgrpo.rewards: number normalisation, answer extraction, math answers, verifiers, registry, scorer."""
+"""Tests for mindgrpo.rewards: number normalisation, answer extraction, math answers, verifiers, registry, scorer
+(broken, hanging and batch verifiers, worker processes, aggregation of several verifiers)."""
 import logging
 import math
 import sys
 import textwrap
+import time
+import types
 import uuid
 from decimal import Decimal
 from fractions import Fraction
@@ -16,6 +19,7 @@ import mindgrpo  # noqa: F401  (must precede any MindSpore import; rewards itsel
 from mindgrpo import rewards
 from mindgrpo.rewards import (
     RewardScorer,
+    VerifierError,
     VerifierSpecError,
     accuracy_reward,
     extract_answer,
@@ -724,6 +728,354 @@ def test_scorer_custom_format_gate_via_registry(registry):
         ["#### 72", "x #### 72"], ["72", "72"]
     )
     np.testing.assert_array_equal(batch.total, [1.0, 0.0])
+
+
+# ------------------------------------------------------------------ broken, hanging and batch verifiers; workers
+# Verifiers that worker processes run must be importable by name: they live in tests/toy_verifiers.py.
+
+def test_a_verifier_that_hangs_is_cut_at_the_timeout_and_counted(caplog):
+    """A hang in Python (time.sleep) and one in C (a catastrophic regex, which no signal can interrupt) are each cut
+    after verifier_timeout: that completion scores 0 and is counted, the others score, and the next batch is scored
+    by the replacement workers."""
+    scorer = RewardScorer(["toy_verifiers:hangs_on_request", "accuracy_reward"], verifier_timeout=1.0,
+                          verifier_parallel=2)
+    with scorer, caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+        start = time.monotonic()
+        batch = scorer.score(["#### 72", "sleep", "regex", "fine"], ["72"] * 4)
+        elapsed = time.monotonic() - start
+        np.testing.assert_array_equal(batch.per_verifier["toy_verifiers:hangs_on_request"], [7.0, 0.0, 0.0, 4.0])
+        np.testing.assert_array_equal(batch.total, [8.0, 0.0, 0.0, 4.0])
+        assert batch.failures == batch.timeouts == {"toy_verifiers:hangs_on_request": 2, "accuracy_reward": 0}
+        assert elapsed < 30  # the sleep alone would take 600 s, the regex far longer
+        again = scorer.score(["ok", "#### 72"], ["72", "72"])
+    np.testing.assert_array_equal(again.total, [2.0, 8.0])
+    assert again.timeouts == {"toy_verifiers:hangs_on_request": 0, "accuracy_reward": 0}
+    messages = [record.getMessage() for record in caplog.records]
+    assert len(messages) == 1 and "'toy_verifiers:hangs_on_request' exceeded reward_config.verifier_timeout = 1 s " \
+        "on completion 1" in messages[0]
+
+
+def test_a_worker_that_dies_or_returns_a_value_it_cannot_send_costs_that_completion(caplog):
+    names = ["toy_verifiers:dies_on_request", "toy_verifiers:returns_a_function_on_request"]
+    with RewardScorer(names, verifier_parallel=1) as scorer, \
+            caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+        batch = scorer.score(["ab", "die", "function", "abcd"], ["0"] * 4)
+    np.testing.assert_array_equal(batch.per_verifier[names[0]], [2.0, 0.0, 8.0, 4.0])
+    np.testing.assert_array_equal(batch.per_verifier[names[1]], [2.0, 3.0, 0.0, 4.0])
+    assert batch.failures == {names[0]: 1, names[1]: 1} and batch.timeouts == {names[0]: 0, names[1]: 0}
+    messages = "\n".join(record.getMessage() for record in caplog.records)
+    assert "'toy_verifiers:dies_on_request' ended its worker process (exit status 3) on completion 1" in messages
+    assert "returned <function that cannot be sent between processes: " in messages
+
+
+def test_a_verifier_the_workers_cannot_import_stops_with_its_name(registry, monkeypatch):
+    """Importable here (in sys.modules) but not in a fresh interpreter: the worker says which verifier it is."""
+    phantom = types.ModuleType("phantom_verifiers")
+
+    def scored(completion, gold, **context):
+        return 1.0
+
+    scored.__module__, scored.__qualname__ = "phantom_verifiers", "scored"
+    phantom.scored = scored
+    monkeypatch.setitem(sys.modules, "phantom_verifiers", phantom)
+    register_verifier("phantom")(scored)
+    with RewardScorer(["phantom"], verifier_parallel=1) as scorer:
+        with pytest.raises(VerifierError, match=r"could not start: verifier 'phantom' cannot be loaded in a worker "
+                                                r"process: ModuleNotFoundError: No module named 'phantom_verifiers'"):
+            scorer.score(["a"], ["1"])
+
+
+@pytest.mark.parametrize("parallel", [0, 1])
+def test_a_verifier_failing_on_every_completion_stops_the_run_with_its_name_and_first_exception(parallel):
+    with RewardScorer(["accuracy_reward", "toy_verifiers:always_raises"], verifier_parallel=parallel) as scorer:
+        with pytest.raises(VerifierError, match=r"verifier 'toy_verifiers:always_raises' failed on all 3 completions "
+                                                r".*First failure: raised ValueError: broken verifier saw 'a' on "
+                                                r"completion 0\. Fix the verifier") as caught:
+            scorer.score(["a", "b", "c"], ["1"] * 3)
+    cause = caught.value.__cause__
+    if parallel:  # the worker's traceback is chained below
+        assert type(cause).__name__ == "RemoteTraceback" and "ValueError: broken verifier saw 'a'" in str(cause)
+    else:
+        assert isinstance(cause, ValueError) and str(cause) == "broken verifier saw 'a'"
+
+
+def test_junk_or_timeouts_on_every_completion_stop_the_run_too(registry):
+    @register_verifier("always_nan")
+    def always_nan(completion, gold, **context):
+        return float("nan")
+
+    with pytest.raises(VerifierError, match=r"'always_nan' failed on all 2 completions.*returned nan \(not a finite "
+                                            r"number\) on completion 0"):
+        RewardScorer(["always_nan"]).score(["a", "b"], ["1", "1"])
+    with RewardScorer(["toy_verifiers:hangs_on_request"], verifier_timeout=0.5, verifier_parallel=2) as scorer:
+        with pytest.raises(VerifierError, match=r"failed on all 2 completions.*exceeded reward_config.verifier_timeout"
+                                                r" = 0.5 s on completion 0\. Raise reward_config.verifier_timeout"):
+            scorer.score(["sleep", "sleep"], ["1", "1"])
+
+
+def test_batch_verifiers_are_called_once_per_batch_beside_per_completion_ones(registry):
+    calls = []
+
+    @register_verifier("batch_digits", batch=True)
+    def batch_digits(completions, golds, **context):
+        calls.append((completions, golds, context))
+        return np.array([sum(ch.isdigit() for ch in c) for c in completions], dtype=np.int64)
+
+    @register_verifier("batch_nan_on_b", batch=True)
+    def batch_nan_on_b(completions, golds, **context):
+        return [float("nan") if c == "b" else True for c in completions]
+
+    completions, golds = ["#### 72", "b", "so 12"], ["72", "72", "12"]
+    scorer = RewardScorer(["accuracy_reward", "batch_digits", "batch_nan_on_b", "toy_verifiers:batch_length"],
+                          [1.0, 0.5, 2.0, 0.01], fallback_last_number=True)
+    batch = scorer.score(completions, golds, question=["q0", "q1", "q2"])
+    assert calls == [(completions, golds, {"fallback_last_number": True, "question": ["q0", "q1", "q2"]})]
+    np.testing.assert_array_equal(batch.per_verifier["batch_digits"], [2.0, 0.0, 2.0])
+    np.testing.assert_array_equal(batch.per_verifier["batch_nan_on_b"], [1.0, 0.0, 1.0])  # NaN: that one fails
+    np.testing.assert_array_equal(batch.per_verifier["toy_verifiers:batch_length"], [107.0, 1.0, 105.0])
+    np.testing.assert_allclose(batch.total, [1 + 1.0 + 2.0 + 1.07, 0 + 0 + 0 + 0.01, 1 + 1.0 + 2.0 + 1.05],
+                               rtol=1e-6)
+    assert batch.failures == {"accuracy_reward": 0, "batch_digits": 0, "batch_nan_on_b": 1,
+                              "toy_verifiers:batch_length": 0}
+
+
+@pytest.mark.parametrize("parallel", [0, 2])
+@pytest.mark.parametrize("spec, match", [
+    ("toy_verifiers:batch_one_short", r"batch verifier 'toy_verifiers:batch_one_short' returned 2 scores for 3 "
+                                      r"completions; it must return one number per completion"),
+    ("toy_verifiers:batch_strings", r"batch verifier 'toy_verifiers:batch_strings' returned '1.0' \(str\) for "
+                                    r"completion 0, not a number"),
+])
+def test_a_batch_verifier_returning_the_wrong_length_or_non_numbers_stops_the_run(spec, match, parallel):
+    with RewardScorer(["accuracy_reward", spec], verifier_parallel=parallel) as scorer:
+        with pytest.raises(VerifierError, match=match):
+            scorer.score(["a", "b", "c"], ["1"] * 3)
+
+
+@pytest.mark.parametrize("returned, match", [
+    (0.5, r"returned 0.5 \(float\); it must return a list of 2 numbers"),
+    (np.ones((2, 1)), r"returned an array of shape \(2, 1\); it must return a list of 2 numbers"),
+    ([[1.0], [2.0]], r"returned \[1.0\] \(list\) for completion 0, not a number"),
+    ([1.0, None], r"returned None \(NoneType\) for completion 1, not a number.*TRL's 'does not apply'"),
+    ("12", r"returned '12' \(str\)"),
+])
+def test_batch_verifier_results_that_are_not_one_number_per_completion(registry, returned, match):
+    register_verifier("batch_fixed", batch=True)(lambda completions, golds, **context: returned)
+    with pytest.raises(VerifierError, match=r"batch verifier 'batch_fixed' " + match):
+        RewardScorer(["batch_fixed"]).score(["a", "b"], ["1", "1"])
+
+
+def test_a_batch_verifier_that_raises_fails_every_completion(registry):
+    @register_verifier("batch_raises", batch=True)
+    def batch_raises(completions, golds, **context):
+        raise KeyError("answer")
+
+    with pytest.raises(VerifierError, match=r"'batch_raises' failed on all 2 completions.*raised KeyError: 'answer' "
+                                            r"on the whole batch\. Fix the verifier"):
+        RewardScorer(["batch_raises"]).score(["a", "b"], ["1", "1"])
+
+
+def test_parallel_scoring_equals_in_process_scoring():
+    names = ["accuracy_reward", "format_reward", "hash_format_reward", "toy_verifiers:batch_length",
+             "toy_verifiers:hangs_on_request"]
+    weights = [1.0, 0.5, 0.25, 0.01, 0.001]
+    completions = COMPLETIONS + [c for _, c in MATH_MATCHES] + [c for _, c in MATH_MISMATCHES]
+    golds = GOLDS + [g for g, _ in MATH_MATCHES] + [g for g, _ in MATH_MISMATCHES]
+    questions = [f"question {i}" for i in range(len(completions))]
+    here = RewardScorer(names, weights).score(completions, golds, question=questions)
+    for options in ({"verifier_parallel": 2}, {"verifier_parallel": 1, "verifier_timeout": 60.0}):
+        with RewardScorer(names, weights, **options) as scorer:
+            there = scorer.score(completions, golds, question=questions)
+        np.testing.assert_array_equal(there.total, here.total)
+        for name in names:
+            np.testing.assert_array_equal(there.per_verifier[name], here.per_verifier[name])
+        assert there.failures == here.failures and there.timeouts == here.timeouts
+    assert 0 < here.per_verifier["accuracy_reward"].sum() < len(completions)  # a real mix of scores
+
+
+def test_worker_options_are_checked(registry):
+    def local(completion, gold, **context):
+        return 0.0
+
+    register_verifier("local_verifier")(local)
+    with pytest.raises(VerifierSpecError, match=r"verifier_function\[1\] 'local_verifier' must run in a worker "
+                                                r"process .* cannot be sent to one \(.*Can't pickle local "
+                                                r"object"):
+        RewardScorer(["accuracy_reward", "local_verifier"], verifier_timeout=5.0)
+    RewardScorer(["accuracy_reward", "local_verifier"])  # in-process: fine
+    local.__module__ = "__main__"
+    with pytest.raises(VerifierSpecError, match=r"defined in the __main__ script or a notebook"):
+        RewardScorer(["local_verifier"], verifier_parallel=2)
+    for timeout in (-1.0, float("nan"), float("inf"), True, "5"):
+        with pytest.raises(ValueError, match=r"reward_config.verifier_timeout = .*: must be a finite number"):
+            RewardScorer(["accuracy_reward"], verifier_timeout=timeout)
+    for parallel in (-1, 1.5, True):
+        with pytest.raises(ValueError, match=r"reward_config.verifier_parallel = .*: must be a whole number >= 0"):
+            RewardScorer(["accuracy_reward"], verifier_parallel=parallel)
+    with pytest.raises(ValueError, match=r"reward_config.aggregation = 'mean': choose one of sum_then_normalize, "
+                                         r"normalize_then_sum"):
+        RewardScorer(["accuracy_reward"], aggregation="mean")
+    with pytest.raises(ValueError, match=r"normalize_then_sum .*gate_accuracy_on_format multiplies accuracy by "
+                                         r"format: choose one"):
+        RewardScorer(["accuracy_reward", "format_reward"], aggregation="normalize_then_sum",
+                     gate_accuracy_on_format=True)
+    with pytest.raises(ValueError, match=r"3 completions, not whole groups of 2"):
+        RewardScorer(["accuracy_reward"], aggregation="normalize_then_sum", group_size=2).score(["a"] * 3, ["1"] * 3)
+
+
+def test_reward_config_keys_are_documented_and_validated():
+    from mindgrpo.config import ConfigError, GRPOConfig, describe, validate
+
+    lines = "\n".join(describe())
+    for key in ("reward_config.aggregation (str, default 'sum_then_normalize')",
+                "reward_config.verifier_timeout (float, default 0.0)",
+                "reward_config.verifier_parallel (int, default 0)"):
+        assert key in lines
+    config = GRPOConfig()
+    config.reward_config.verifier_timeout = -1.0
+    config.reward_config.verifier_parallel = -2
+    config.reward_config.aggregation = "mean"
+    with pytest.raises(ConfigError) as caught:
+        validate(config, check_paths=False)
+    for expected in ("reward_config.verifier_timeout = -1.0: must be a finite number of seconds >= 0",
+                     "reward_config.verifier_parallel = -2: must not be negative",
+                     "reward_config.aggregation = 'mean': choose one of sum_then_normalize, normalize_then_sum"):
+        assert expected in str(caught.value)
+    config = GRPOConfig()
+    config.reward_config.aggregation = "normalize_then_sum"
+    config.reward_config.gate_accuracy_on_format = True
+    with pytest.raises(ConfigError) as caught:
+        validate(config, check_paths=False)
+    assert "but rl_config.scale_rewards = 'group': set rl_config.scale_rewards: batch" in str(caught.value)
+    assert "gate_accuracy_on_format multiplies accuracy by format: choose one" in str(caught.value)
+    config.rl_config.scale_rewards, config.reward_config.gate_accuracy_on_format = "batch", False
+    validate(config, check_paths=False)
+
+
+# Two verifiers on two groups of 3, on different scales: accuracy-like 0/1 and a length-like score in the tens.
+AGG_SCORES = {"a": (1.0, 10.0), "b": (0.0, 30.0), "c": (1.0, 20.0), "d": (0.0, 10.0), "e": (0.0, 11.0),
+              "f": (1.0, 40.0)}
+AGG_WEIGHTS = [1.0, 0.5]
+
+
+def _trl_advantages(rewards_per_func: np.ndarray, weights: np.ndarray, num_generations: int,
+                    aggregation: str) -> np.ndarray:
+    """TRL 1.16's advantages, written out with numpy: trl/trainer/grpo_trainer.py,
+    GRPOTrainer._generate_and_score_completions, the `multi_objective_aggregation` branches (scale_rewards "group"
+    for sum_then_normalize; normalize_then_sum does not read scale_rewards), with `nanstd` from trl/trainer/utils.py
+    (the unbiased std) and its 1e-4."""
+    if aggregation == "sum_then_normalize":
+        rewards = (rewards_per_func * weights[None, :]).sum(axis=1)
+        grouped = rewards.reshape(-1, num_generations)
+        mean = np.repeat(grouped.mean(axis=1), num_generations)
+        std = np.repeat(grouped.std(axis=1, ddof=1), num_generations)
+        return (rewards - mean) / (std + 1e-4)
+    grouped = rewards_per_func.reshape(-1, num_generations, rewards_per_func.shape[1])
+    mean_k = grouped.mean(axis=1, keepdims=True)
+    std_k = grouped.std(axis=1, ddof=1, keepdims=True)
+    reward_k = ((grouped - mean_k) / (std_k + 1e-4)).reshape(-1, rewards_per_func.shape[1])
+    rewards = (reward_k * weights[None, :]).sum(axis=1)
+    return (rewards - rewards.mean()) / (rewards.std(ddof=1) + 1e-4)
+
+
+@pytest.fixture
+def two_objectives(registry):
+    register_verifier("objective_0")(lambda completion, gold, **context: AGG_SCORES[completion][0])
+    register_verifier("objective_1")(lambda completion, gold, **context: AGG_SCORES[completion][1])
+    return ["objective_0", "objective_1"]
+
+
+def test_normalize_then_sum_by_hand(two_objectives):
+    """One group of two: accuracy (1, 0) and a score (10, 30) weighted 0.5. Summed first, the score's range swamps
+    accuracy, and the correct completion gets the lower reward; normalised first, each objective counts equally."""
+    register_verifier("length_like")(lambda completion, gold, **context: {"a": 10.0, "b": 30.0}[completion])
+    names = ["objective_0", "length_like"]
+    summed = RewardScorer(names, AGG_WEIGHTS, group_size=2).score(["a", "b"], ["", ""])
+    np.testing.assert_array_equal(summed.aggregated, [6.0, 15.0])  # 1 + 0.5 * 10, 0 + 0.5 * 30
+    scorer = RewardScorer(names, AGG_WEIGHTS, aggregation="normalize_then_sum", group_size=2)
+    batch = scorer.score(["a", "b"], ["", ""])
+    # accuracy: mean 0.5, unbiased std sqrt(0.5); score: mean 20, unbiased std sqrt(200)
+    accuracy = 0.5 / (math.sqrt(0.5) + 1e-4)
+    score = 10.0 / (math.sqrt(200.0) + 1e-4)
+    np.testing.assert_allclose(batch.aggregated, [accuracy - 0.5 * score, -accuracy + 0.5 * score], rtol=1e-6)
+    assert batch.aggregated[0] > batch.aggregated[1]
+    np.testing.assert_array_equal(batch.total, [6.0, 15.0])  # the logged reward is still the weighted sum
+    single = RewardScorer(names, aggregation="normalize_then_sum", group_size=1).score(["a", "b"], ["", ""])
+    np.testing.assert_array_equal(single.aggregated, [0.0, 0.0])  # a group of one has no spread (as TRL)
+
+
+@pytest.mark.parametrize("aggregation, scale_rewards", [("sum_then_normalize", "group"),
+                                                        ("normalize_then_sum", "batch")])
+def test_aggregations_give_trl_advantages(two_objectives, aggregation, scale_rewards):
+    """The scorer's `aggregated` through mindgrpo's group advantages (with the rl_config.scale_rewards the config
+    requires) equals TRL's advantages for the same per-function rewards."""
+    from mindgrpo.algorithm import group_advantages
+
+    completions = list(AGG_SCORES)
+    scorer = RewardScorer(two_objectives, AGG_WEIGHTS, aggregation=aggregation, group_size=3)
+    batch = scorer.score(completions, [""] * len(completions))
+    advantages, _ = group_advantages(batch.aggregated, 3, scale_rewards=scale_rewards)
+    per_func = np.array([AGG_SCORES[c] for c in completions], dtype=np.float64)
+    expected = _trl_advantages(per_func, np.array(AGG_WEIGHTS), 3, aggregation)
+    np.testing.assert_allclose(advantages.asnumpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifier(tmp_path, demo_plain, monkeypatch):
+    """In the trainer: one step with a verifier that hangs on about half the completions goes on, its metrics count
+    the cut calls, those completions score 0 for it, and (normalize_then_sum) the step's advantages are TRL's for
+    those per-verifier rewards. Then a verifier that raises on every completion stops train() with its own error
+    before the update (the weights stay), unchanged even when a peer rank looks lost (train() names lost peers
+    instead of passing most errors on: mindgrpo/peers.py)."""
+    import dataclasses
+    import json
+
+    from conftest import small_run_config
+    from mindgrpo import peers
+    from mindgrpo.data import convert_dataset
+    from mindgrpo.metrics import read_metrics
+    from mindgrpo.models import state_dict_hf
+    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.trainer import GRPOTrainer
+
+    source, dataset, run = tmp_path / "train.jsonl", tmp_path / "train.mindrecord", tmp_path / "run"
+    source.write_text("".join(demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:8]),
+                      encoding="utf-8")
+    convert_dataset(source, dataset, load_tokenizer(demo_plain.model_dir), dataset_type="gsm8k",
+                    prompt_template="gsm8k_hash", max_prompt_length=64, progress=False)
+    cfg = small_run_config(run, dataset, demo_plain.model_dir, max_prompt_length=64, seq_length=80, max_tokens=8,
+                           verifiers=["toy_verifiers:text_length", "toy_verifiers:hangs_on_even_length"], max_steps=2,
+                           scale_rewards="batch", mode="pynative")  # PyNative compiles less; nothing here needs GRAPH
+    cfg.reward_config.verifier_timeout, cfg.reward_config.verifier_parallel = 1.0, 2
+    cfg.reward_config.aggregation, cfg.reward_config.verifier_weight = "normalize_then_sum", [1.0, 0.5]
+    trainer = GRPOTrainer(cfg)
+    advantages, computed = trainer.policy.advantages, []
+    monkeypatch.setattr(trainer.policy, "advantages", lambda rewards: computed.append(advantages(rewards)) or
+                        computed[-1])
+    trainer.train_step()
+    row = read_metrics(run)[-1]
+    records = [json.loads(line) for line in (run / "completions.jsonl").read_text(encoding="utf-8").splitlines()]
+    hung = [len(r["completion"]) % 2 == 0 for r in records]
+    assert 0 < sum(hung) < len(records) == 8
+    assert row["grpo/verifier_timeouts/hangs_on_even_length"] == sum(hung)
+    assert row["grpo/verifier_failures/hangs_on_even_length"] == sum(hung)
+    assert row["grpo/verifier_timeouts/text_length"] == row["grpo/verifier_failures/text_length"] == 0
+    assert [r["rewards"]["toy_verifiers:hangs_on_even_length"] for r in records] == \
+        [0.0 if h else len(r["completion"]) / 64 for h, r in zip(hung, records)]
+    per_func = np.array([[r["rewards"][name] for name in cfg.reward_config.verifier_function] for r in records])
+    expected = _trl_advantages(per_func, np.array([1.0, 0.5]), 4, "normalize_then_sum")
+    np.testing.assert_allclose(computed[0][0], expected, rtol=1e-5, atol=1e-5)
+
+    before = state_dict_hf(trainer.policy.actor)
+    trainer.scorer.close()
+    trainer.scorer = RewardScorer(["toy_verifiers:always_raises"])
+    trainer.dist = dataclasses.replace(trainer.dist, world_size=2)
+    monkeypatch.setattr(peers, "lost_peers", lambda *args: [{"rank": 1, "pid": 1, "host": "elsewhere"}])
+    with pytest.raises(VerifierError, match=r"verifier 'toy_verifiers:always_raises' failed on all 8 completions "
+                                            r"of this batch.*raised ValueError: broken verifier saw"):
+        trainer.train()
+    after = state_dict_hf(trainer.policy.actor)
+    assert all(np.array_equal(before[name], after[name]) for name in before)
+    assert [r["step"] for r in read_metrics(run)] == [1]
 
 
 # ---------------------------------------------------------------------------------------------- property tests

@@ -6,6 +6,7 @@ logits warpers for the sampling options. Engines are module-scoped: every distin
 compilation, so the tests share a few buckets (3 distinct prompts x n=2 -> prompt batch 4, batch 8, prompt
 length 16, max_tokens <= 32).
 """
+import dataclasses
 import json
 
 import numpy as np
@@ -22,7 +23,7 @@ from mindgrpo.rollout.sampler import TokenSampler, process_logits
 VOCAB, PAD, EOS = 384, 382, 383
 PROMPTS = [[5, 17, 42], [7, 7, 101, 250, 3, 77, 12, 9, 311], [99, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]]
 ENGINE = dict(eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=32, max_batch_size=8,
-              prompt_length_buckets=(16, 32))
+              prompt_length_buckets=(16, 32), min_decode_batch=2)  # compaction 8 -> 4 -> 2
 
 
 # ----------------------------------------------------------------------------------------------- models
@@ -68,14 +69,17 @@ def write_random_qwen2(folder, *, tied: bool, seed: int):
 @pytest.fixture(scope="module")
 def random_models(tmp_path_factory):
     """variant -> (actor, native engine), built on first use and shared by the module's tests. Variants: "untied",
-    "tied", and "untied-plain" (the untied actor's engine on the plain-ops decode graph)."""
+    "tied", "untied-plain" (the untied actor's engine on the plain-ops decode graph), and "untied-nocompact" and
+    "untied-plain-nocompact" (those engines decoding every row of a chunk until the last one ends)."""
     built = {}
 
     def get(variant):
         if variant not in built:
-            if variant == "untied-plain":
+            if variant.startswith("untied-"):
                 actor = get("untied")[0]
-                built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE, decode_impl="plain"))
+                options = dict(decode_impl="plain" if "plain" in variant else "fused",
+                               compact="nocompact" not in variant)
+                built[variant] = (actor, build_rollout_engine("native", actor, **ENGINE, **options))
             else:
                 folder = write_random_qwen2(tmp_path_factory.mktemp(variant), tied=variant == "tied", seed=3)
                 actor = build_model(folder)
@@ -190,7 +194,7 @@ def test_plain_decode_graph_matches_full_forward_and_the_fused_kernels(random_mo
     params = SamplingParams(max_tokens=20, temperature=0, n=2)
     fused_tokens, plain_tokens = (engine.generate(PROMPTS, params).completion_ids for engine in (fused, plain))
     assert np.array_equal(fused_tokens, plain_tokens)
-    assert type(fused.bucket_for(rows, 20).decode).__name__ == "FusedDecodeGraph"
+    assert {type(graph).__name__ for graph in fused.bucket_for(rows, 20).decode.values()} == {"FusedDecodeGraph"}
 
 
 def test_float16_compute_with_float32_weights(tmp_path):
@@ -301,18 +305,80 @@ def test_weight_updates_reach_the_next_rollout(random_actor, native):
     assert np.array_equal(native.generate(PROMPTS, params).completion_ids, before)
 
 
-def test_same_buckets_never_recompile(native):
-    """MindSpore's own compile caches of the engine's Cells hold exactly one prefill and one decode graph per
-    bucket, and stay put for calls within known buckets."""
-    native.generate(PROMPTS, SamplingParams(max_tokens=8, n=2, seed=0))
-    graphs, buckets = native.compiled_graphs(), len(native.buckets_built)
-    assert graphs == 2 * buckets
+def ragged_stop_ids(engine, params):
+    """Stop ids that end the rows of ``engine.generate(PROMPTS, params)`` at different steps. Up to its stop, a row
+    samples what it samples without stop ids, so they are picked from a rollout without any: for row r, the first
+    token it samples for the first time at step 4r + 1 or later (unless an earlier pick already ends it)."""
+    completions = engine.generate(PROMPTS, params).completion_ids
+    stops = []
+    for row, target in enumerate(range(1, 4 * len(completions), 4)):
+        ends = [next((i for i, t in enumerate(c) if t in stops), len(c)) for c in completions]
+        fresh = [pos for pos in range(target, ends[row]) if completions[row, pos] not in completions[row, :pos]]
+        if fresh:
+            stops.append(int(completions[row, fresh[0]]))
+    return tuple(stops)
+
+
+def decode_batches_used(engine, rows, params):
+    """Rollout of ``rows`` (as ``engine.generate(PROMPTS, params)`` sends them) and the decode batch of each step."""
+    bucket = engine.bucket_for(rows, params.max_tokens)
+    graphs, used = dict(bucket.decode), []
+
+    def counted(batch):
+        def decode(*args):
+            used.append(batch)
+            return graphs[batch](*args)
+        return decode
+
+    bucket.decode = {batch: counted(batch) for batch in graphs}
+    try:
+        return engine.generate(PROMPTS, params), used
+    finally:
+        bucket.decode = graphs
+
+
+@pytest.mark.parametrize("variant", ["untied", "untied-plain"])
+def test_compaction_samples_what_decoding_every_row_samples(random_models, variant):
+    """Rows that end at different steps (stop ids) leave the decode batch, which drops to the smaller compiled
+    batches (8 -> 4 -> 2): tokens, log-probs and finish reasons are bit for bit those of the same engine decoding
+    every row to the end, greedy and sampled (top-p, top-k, repetition penalty), on the fused kernels and on the
+    plain ops."""
+    engine, reference = random_models(variant)[1], random_models(variant + "-nocompact")[1]
+    rows = [p for p in PROMPTS for _ in range(2)]
+    for settings in (dict(temperature=0), dict(temperature=1.5, top_p=0.9, top_k=200, repetition_penalty=1.2)):
+        settings.update(max_tokens=24, n=2, seed=7, logprobs=True)
+        stops = ragged_stop_ids(reference, SamplingParams(**settings))
+        params = SamplingParams(**settings, stop_token_ids=stops)
+        ours, used = decode_batches_used(engine, rows, params)
+        theirs, every_row = decode_batches_used(reference, rows, params)
+        lengths = ours.completion_mask.sum(1)
+        assert len(set(lengths.tolist())) >= 3 and lengths.max() > 8, lengths  # ragged
+        assert np.array_equal(ours.completion_ids, theirs.completion_ids)
+        assert np.array_equal(ours.logprobs, theirs.logprobs)
+        assert ours.finish_reasons == theirs.finish_reasons and FINISH_STOP in ours.finish_reasons
+        assert set(every_row) == {8} and len(used) == len(every_row) == lengths.max() - 1
+        assert used == sorted(used, reverse=True) and used[-1] < 8  # the batch only ever shrinks
+        live = [(lengths > step + 1).sum() for step in range(len(used))]  # rows fed at each decode step
+        assert used == [min(b for b in (2, 4, 8) if b >= n) for n in live]
+
+
+def test_nothing_compiles_after_a_bucket_is_built(random_actor):
+    """A bucket compiles its prefill and all its decode batches when it is built, so later rollouts in known
+    buckets compile nothing, whatever their lengths (compaction picks among batches compiled up front)."""
+    engine = build_rollout_engine("native", random_actor, **ENGINE)
+    engine.generate(PROMPTS, SamplingParams(max_tokens=8, min_tokens=8, n=2, seed=0))  # every row to the limit
+    assert (engine.compiled_graphs(), len(engine.buckets_built)) == (1 + 3, 1)  # prefill, decode batches 2, 4, 8
+    for seed in range(3):  # rows end at other steps each time
+        sampled = SamplingParams(max_tokens=24, temperature=1.5, n=2, seed=seed)
+        ragged = dataclasses.replace(sampled, stop_token_ids=ragged_stop_ids(engine, sampled))
+        lengths = engine.generate(PROMPTS, ragged).completion_mask.sum(1)
+        assert lengths.min() < lengths.max()
     other_prompts = [[1, 2], [3] * 15, [4, 5, 6, 7]]  # other lengths, same prompt-length bucket (16)
-    native.generate(other_prompts, SamplingParams(max_tokens=30, temperature=0.5, top_p=0.9, n=2, seed=1))
-    native.generate(PROMPTS + [[8]], SamplingParams(max_tokens=5, n=2, seed=2))  # 4 prompts x 2 still fit
-    assert (native.compiled_graphs(), len(native.buckets_built)) == (graphs, buckets)
-    native.generate([[1] * 20], SamplingParams(max_tokens=4, n=2))  # a longer prompt: one new bucket
-    assert (native.compiled_graphs(), len(native.buckets_built)) == (graphs + 2, buckets + 1)
+    engine.generate(other_prompts, SamplingParams(max_tokens=30, temperature=0.5, top_p=0.9, n=2, seed=1))
+    engine.generate(PROMPTS + [[8]], SamplingParams(max_tokens=5, n=2, seed=2))  # 4 prompts x 2 still fit
+    assert (engine.compiled_graphs(), len(engine.buckets_built)) == (4, 1)
+    engine.generate([[1] * 20], SamplingParams(max_tokens=4, n=2))  # a longer prompt, 2 rows: one new bucket
+    assert (engine.compiled_graphs(), len(engine.buckets_built)) == (4 + 2, 2)
 
 
 def test_requests_larger_than_a_batch_run_in_chunks(native):
@@ -382,6 +448,8 @@ def test_bad_requests_are_clear_errors(native):
         native.generate([[1, 384]], SamplingParams())
     with pytest.raises(ValueError, match=r"stop_token_ids \[500\] are outside the vocabulary"):
         native.generate([[1]], SamplingParams(stop_token_ids=[500]))
+    with pytest.raises(ValueError, match="min_decode_batch must be a power of two >= 2, got 1"):
+        build_rollout_engine("native", None, **{**ENGINE, "min_decode_batch": 1})
     with pytest.raises(TypeError, match="not a MindFormers LlamaForCausalLM"):
         build_rollout_engine("native", ms.nn.Dense(2, 2), eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=8)
 
@@ -424,16 +492,31 @@ def test_two_level_draw_is_the_inverse_cdf_over_a_whole_vocabulary():
     probs[:, rng.random(vocab) < 0.3] = 0  # filtered tokens, whole runs of them
     probs = (probs / probs.sum(-1, keepdims=True)).astype(np.float32)
     sampler = TokenSampler(SamplingParams(), [0], vocab, np.random.default_rng(7), [[0]] * rows)
-    tokens = sampler._draw(probs)
+    tokens = sampler._draw(probs, np.arange(rows))
     u = 1.0 - np.random.default_rng(7).random(rows)  # the same uniforms
     cdf = np.cumsum(probs.astype(np.float64), -1)
     flat = (cdf < (u * cdf[:, -1])[:, None]).sum(-1)
     assert (probs[np.arange(rows), tokens] > 0).all()
     assert (tokens != flat).mean() < 0.002
     one = np.repeat(probs[:1], 50000, axis=0)
-    freq = np.bincount(TokenSampler(SamplingParams(), [0], vocab, np.random.default_rng(1), [[0]] * 50000)._draw(one),
-                       minlength=vocab) / 50000
+    many = TokenSampler(SamplingParams(), [0], vocab, np.random.default_rng(1), [[0]] * 50000)
+    freq = np.bincount(many._draw(one, np.arange(50000)), minlength=vocab) / 50000
     assert np.abs(freq - probs[0]).max() < 4 * np.sqrt(probs[0].max() / 50000)
+
+
+def test_sampler_gives_a_row_the_same_draw_whichever_rows_come_along():
+    """The native engine samples only the rows still generating: a row's token and log-prob must not depend on
+    which other rows are sampled with it, down to a single row (one uniform per row of the rollout every step,
+    row-wise processing whatever the logits' layout), here with top-k, top-p and the repetition penalty."""
+    rng = np.random.default_rng(0)
+    vocab, prompts = 300, [[1, 2], [3], [4, 5, 6], [7], [8, 9], [10]]
+    params = SamplingParams(temperature=0.9, top_k=100, top_p=0.8, repetition_penalty=1.3)
+    everyone, live_only = (TokenSampler(params, [0], vocab, np.random.default_rng(3), prompts) for _ in range(2))
+    for step, live in enumerate(([0, 1, 2, 3, 4, 5], [1, 2, 4], [2, 4], [4])):
+        logits_t = (rng.standard_normal((vocab, 6)) * 3).astype(np.float32)  # as the decode graph returns them
+        tokens, logprobs = everyone.sample(logits_t.T, step)
+        ours, our_logprobs = live_only.sample(np.ascontiguousarray(logits_t[:, live]).T, step, np.array(live))
+        assert np.array_equal(ours, tokens[live]) and np.array_equal(our_logprobs, logprobs[live])
 
 
 def test_sampler_draws_from_the_processed_distribution():

@@ -4,9 +4,10 @@
   KV heads;
 * ``tp_worker.py``: log-probs, entropies and gradients of the shared-prompt forward with model_parallel 2 equal the
   full model's, and greedy and sampled rollouts give the same tokens, in PyNative and GRAPH;
-* the trainer: GRPO steps with model_parallel 2 give the weights of model_parallel 1; a TP=2 run killed after a
-  checkpoint and resumed ends where an uninterrupted one does; its checkpoint resumes under TP=1 (resharded); its
-  HF export loads in transformers; a rank holds about half the model state.
+* the trainer: GRPO steps with model_parallel 2 give the weights of model_parallel 1 (with the fused loss and
+  packed micro-batches, and with the plain loss and padded ones); a TP=2 run killed after a checkpoint and resumed
+  ends where an uninterrupted one does; its checkpoint resumes under TP=1 (resharded); its HF export loads in
+  transformers; a rank holds about half the model state.
 """
 import json
 import os
@@ -102,8 +103,10 @@ def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
         assert result["logp"] <= 1e-5, result
         assert result["entropy"] <= 2e-5, result
         assert result["grad_rel"] <= 1e-5, result
-        assert result["greedy_equal"] and result["sampled_equal"], result
+        assert result["greedy_equal"] and result["sampled_equal"] and result["ragged_equal"], result
         assert len({tuple(row) for row in result["sampled_tokens"]}) > 1  # not a degenerate rollout
+        lengths = sorted(result["ragged_lengths"])
+        assert lengths[1] < lengths[-1], result  # two of the 4 rows end first: the batch is compacted to 2
         # about half the parameters per rank (norms are replicated)
         assert 0.5 <= result["shard_param_elements"] / result["full_param_elements"] <= 0.56, result
 
@@ -144,9 +147,9 @@ def _assert_same_weights(a: dict, b: dict, atol: float) -> float:
 
 @pytest.fixture(scope="module")
 def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
-    """The same 3-step GRPO run with model_parallel 1 (one process) and 2 (msrun), with the fused and the plain
-    loss; a fused TP=2 run killed after its step-2 checkpoint and resumed; and that checkpoint resumed with
-    model_parallel 1 (resharded)."""
+    """The same 3-step GRPO run with model_parallel 1 (one process) and 2 (msrun), with the fused loss and packed
+    micro-batches and with the plain loss and padded ones; a fused TP=2 run killed after its step-2 checkpoint and
+    resumed; and that checkpoint resumed with model_parallel 1 (resharded)."""
     from mindgrpo.config import dump_yaml
 
     root = tmp_path_factory.mktemp("tp")
@@ -157,6 +160,8 @@ def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
         cfg = make_config(root / name, prompts, tiny_model_dir, max_steps=3, save_ckpt_interval=1,
                           save_max_ckpt_num=3, loss_impl=loss_impl)
         cfg.actor_config.lr_schedule.learning_rate = 1e-4
+        if loss_impl == "fused":  # two rows of the 12-token limit per forward
+            cfg.actor_config.max_tokens_per_micro_batch = 24
         for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
             section.parallel_config.model_parallel = mp
         dump_yaml(cfg, root / f"{name}.yaml")
@@ -207,10 +212,11 @@ def _step(run: Path, step: int) -> dict:
 
 @pytest.mark.parametrize("loss", ["fused", "plain"])
 def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
-    """The same GRPO steps with model_parallel 2 and 1, with the fused loss op and the plain-ops loss. Step 1 has
-    all-zero rewards on this data (no update); step 2 is the first update. (AdamW's first step, lr * g / (|g| +
-    eps), turns float32 reassociation differences of the split matmuls in near-zero gradient entries into weight
-    differences proportional to lr: 1.2e-5 at lr 1e-3, hence lr 1e-4 here.)"""
+    """The same GRPO steps with model_parallel 2 and 1, with the fused loss op (packed micro-batches) and the
+    plain-ops loss (padded ones). Step 1 has all-zero rewards on this data (no update); step 2 is the first update.
+    (AdamW's first step, lr * g / (|g| + eps), turns float32 reassociation differences of the split matmuls in
+    near-zero gradient entries into weight differences proportional to lr: 1.2e-5 at lr 1e-3, hence lr 1e-4
+    here.)"""
     from mindgrpo.models import build_model, state_dict_hf
 
     one, two = (tp_runs / "tp1", tp_runs / "tp2") if loss == "fused" else (tp_runs / "tp1_plain",

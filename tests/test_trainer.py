@@ -1,5 +1,5 @@
-"""GRPOTrainer end to end on the tiny fixture: metrics, checkpoints, refused layouts, precompile and skipped
-updates. Exact resume after SIGKILL and msrun data parallel are in tests/test_faults.py (on a locally made model)."""
+"""GRPOTrainer end to end on the tiny fixture: metrics, checkpoints, refused layouts, precompile (padded and packed
+micro-batches) and skipped updates. Exact resume after SIGKILL and msrun data parallel are in tests/test_faults.py (on a locally made model)."""
 import json
 from pathlib import Path
 
@@ -144,3 +144,19 @@ def test_precompile_leaves_the_weights_and_a_skipped_update_keeps_them(tmp_path,
     metrics = policy.update(data, huge, None, np.zeros(data.completion_mask.shape, np.float32), total_steps=2)
     assert metrics["skipped"] == 1.0
     assert_unchanged(trained, 1)
+
+
+def test_packed_micro_batches_compile_once(tmp_path, prompts, tiny_model_dir):
+    """With actor_config.max_tokens_per_micro_batch every packed forward of a prompt width has one shape, whatever
+    the completions' lengths: after precompile the steps compile nothing but the first update's gradient-norm and
+    AdamW graphs."""
+    from mindgrpo.trainer import GRPOTrainer
+
+    config = make_config(tmp_path / "run", prompts, tiny_model_dir, max_steps=2, num_iterations=2)
+    config.actor_config.max_tokens_per_micro_batch = 24  # two rows of the 12-token limit per forward
+    trainer = GRPOTrainer(config)
+    trainer.precompile()
+    graphs = trainer.policy.compiled_graphs()
+    metrics = trainer.train()
+    assert trainer.policy.compiled_graphs() - graphs == 2
+    assert all(np.isfinite(metrics[key]) for key in ("actor/loss", "actor/kl_loss", "actor/entropy", "grad_norm"))

@@ -1,5 +1,6 @@
 """msrun worker for the tensor-parallel parity tests (tests/test_tensor_parallel.py): every rank builds the full
-model (TP=1, no collectives) and its TP slice, and compares log-probs, entropies, gradients and greedy rollouts.
+model (TP=1, no collectives) and its TP slice, and compares log-probs, entropies, gradients and rollouts (greedy,
+sampled, and ragged: rows ending at different steps, which compacts the decode batch on both ranks).
 
 Usage: msrun --worker_num=2 ... tp_worker.py MODEL_DIR MODE OUT_DIR"""
 import json
@@ -79,15 +80,23 @@ def main() -> None:
     errors["shard_param_elements"] = int(sum(p.size for p in shard.trainable_params()))
     errors["full_param_elements"] = int(sum(p.size for p in full.trainable_params()))
 
-    # greedy rollouts: the same tokens from the full model and from the TP slices
+    # rollouts: the same tokens from the full model and from the TP slices; "ragged" ends rows at different steps
+    # (stop ids the sampled rows draw early), so the ranks must compact the decode batch in step
     prompts = [list(map(int, prompt[0])), list(map(int, prompt[1][3:]))]
-    for kind, sampling in (("greedy", SamplingParams(max_tokens=10, top_k=1, n=2, seed=3)),
-                           ("sampled", SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=3))):
+    sampled = SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=3)
+    kinds = [("greedy", SamplingParams(max_tokens=10, top_k=1, n=2, seed=3)), ("sampled", sampled), ("ragged", None)]
+    for kind, sampling in kinds:
+        if kind == "ragged":
+            first = errors["sampled_tokens"]
+            sampling = SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=3,
+                                      stop_token_ids=(first[0][1], first[2][4]))
         tokens = {}
         for name, model in (("full", full), ("shard", shard)):
             engine = NativeRolloutEngine(model, eos_token_id=vocab - 1, pad_token_id=vocab - 3,
-                                         max_prompt_length=16, max_batch_size=4)
-            tokens[name] = [list(map(int, row)) for row in engine.generate(prompts, sampling).completion_ids]
+                                         max_prompt_length=16, max_batch_size=4, min_decode_batch=2)
+            result = engine.generate(prompts, sampling)
+            tokens[name] = [list(map(int, row)) for row in result.completion_ids]
+            errors[f"{kind}_lengths"] = result.completion_mask.sum(1).tolist()
         errors[f"{kind}_equal"] = tokens["full"] == tokens["shard"]
         errors[f"{kind}_tokens"] = tokens["shard"]
     (out / f"rank{dist.rank}_{mode}.json").write_text(json.dumps(errors), encoding="utf-8")

@@ -2,13 +2,22 @@
 """End-to-end GRPO benchmark: mindgrpo's trainer at exactly the peer TRL benchmark's settings, optionally beside it.
 
 Settings (those of ../shared/peer/trl_grpo_bench.py): 4 GSM8K train prompts x 8 completions per optimizer step,
-64 new tokens, the `gsm8k_hash` prompt (a ChatML user turn ending 'Let's think step by step and output the final
-answer after "####".'), temperature 1.0, beta 0.04, learning rate 1e-5, num_iterations 1, loss_type dapo (TRL's
-default), fp32, reward 1 when the last `#### N` equals the gold answer. The optimizer step is TRL's (one per 32
-completions, loss normalised over all of them); mindgrpo computes it in two micro-batches of two groups
-(`--micro-batch 16`), which halves the training step's activation memory for a few percent of step time.
-Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers, 8 heads, 2 KV
-heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2 as far as speed is concerned.
+`--max-new-tokens` new tokens (64 by default), the `gsm8k_hash` prompt (a ChatML user turn ending 'Let's think step
+by step and output the final answer after "####".'), temperature 1.0 (no top-k, no top-p), beta 0.04, learning rate
+1e-5, num_iterations 1, loss_type dapo (TRL's default), fp32, reward 1 when the last `#### N` equals the gold answer.
+The optimizer step is TRL's (one per 32 completions, loss normalised over all of them); mindgrpo computes it in two
+micro-batches of two groups (`--micro-batch 16`), which halves the training step's activation memory for a few
+percent of step time. Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
+8 heads, 2 KV heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2.
+
+Length mix (`--length-mix`, see tools/length_mix.py). Both frameworks load the same untied copy of the model whose
+only edit is the EOS row of `lm_head`, and sample as they normally do:
+    full     every completion runs to `--max-new-tokens` (EOS suppressed: the unedited random model samples EOS
+             with about 1/4,000 chance per token, so 2 % of its rows stop before 64 tokens and a quarter
+             before 1,024)
+    ragged   long-tailed lengths, calibrated per (size, limit): median about a quarter of the limit, the top 10 %
+             at the limit, as R1-Zero style runs sample them
+Both stop on <|im_end|> (4095) only. Copies are cached in `--model-cache`, so only the first run calibrates.
 
 Each run is its own process (so peak RSS is its own). A mindgrpo run first compiles every graph its steps will need
 (`GRPOTrainer.precompile`: every prompt width its batches reach), then runs `--steps` steps; the first `--warmup` are
@@ -16,29 +25,38 @@ excluded and the rest give the median. It prints one JSON line per run:
 
     sec_per_step     median wall time of a counted step (rollout, scoring, reference, update, weight sync, logging)
     tokens_per_sec   median over counted steps of (real prompt + completion tokens of the 32 rows) / step time,
-                     counted as the peer counts them (each prompt once per completion)
+                     counted as the peer counts them (each prompt once per completion; completions up to and
+                     including their EOS)
     share_rollout / share_reference / share_update / share_other   fractions of the counted steps' time
     peak_rss_mib     peak resident memory of the process
     recompiles_after_warmup   graphs MindSpore compiled during the counted steps (must be 0)
+    lengths          the completion lengths this framework sampled in the counted steps: median, p90, at_limit
+                     (the share that reached the limit), mean, count; the TRL line has the same
+    eos_ids          the ids that ended a completion in this framework
     mfu              model FLOPs per second / this machine's measured float32 matmul peak; the FLOPs are those
-                     mindgrpo's computation needs for the real tokens (rollout: each prompt prefilled once, then
-                     64 decoding steps with a KV cache; reference forward and training step: each prompt once per
-                     group, the vocabulary projected at completion positions only; backward = 2 x forward),
-                     attention included, padding excluded
+                     mindgrpo's computation needs for the tokens actually sampled (rollout: each prompt prefilled
+                     once, then one decoding step with a KV cache per generated token after the first; reference
+                     forward and training step: each prompt once per group, the vocabulary projected at completion
+                     positions only; backward = 2 x forward), attention included, padding and finished rows excluded
     mfu_phases       the same per phase (rollout / reference / update)
 
-With `--vs-trl PYTHON` (the interpreter of a venv set up as the peer's docstring says) the peer runs too, with
-mindgrpo and TRL alternating (`--repeats` each), and a last JSON line gives mindgrpo / TRL for every figure
-(targets: tokens/s >= 2x on tiny and >= 1.5x on small, peak RSS <= TRL's).
+With `--vs-trl PYTHON` (the interpreter of a venv set up as the peer's docstring says) the peer runs too, on the
+same model copy with `--max-completion-length` set to the limit, mindgrpo and TRL alternating (`--repeats` each),
+and a last JSON line per size gives mindgrpo / TRL for every figure and the target of that setting.
 
-    python tools/bench_grpo.py [--sizes tiny small] [--steps 10] [--warmup 2] [--vs-trl /path/to/venv/bin/python]
+    python tools/bench_grpo.py [--sizes tiny small] [--max-new-tokens 64] [--length-mix full] [--steps 10]
+                               [--warmup 2] [--vs-trl /path/to/venv/bin/python]
 
+tools/bench_scaling.py runs the whole grid (sizes x lengths x mixes) and writes the table and plot.
 `--decode-impl plain` runs the rollout on the plain-ops decode graph instead of the fused CPU kernels, and
 `--no-share-prompt` scores every completion's prompt again: each shows what that part of mindgrpo adds.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import statistics
@@ -49,18 +67,30 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchlib import FIXTURE, GSM8K_TRAIN, PEER, matmul_peak_gflops, peak_rss_mib, write_small_model
+from benchlib import (FIXTURE, GSM8K_TRAIN, PEER, OthersCpu, matmul_peak_gflops, peak_rss_mib, small_model,
+                      wait_until_idle)
+from length_mix import length_stats, model_for
 
-TARGETS = {"tiny": 2.0, "small": 1.5}  # tokens/s of mindgrpo / TRL
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
 MAX_PROMPT_LENGTH = 256  # 3 of 7,473 prompts are longer
 MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the module docstring)
 PROMPT_BUCKET = 64
+MODEL_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"
+
+
+def target(size: str, new_tokens: int, mix: str) -> float:
+    """The tokens/s ratio mindgrpo / TRL that this setting must reach (issue 19; 64 tokens: the earlier targets)."""
+    if new_tokens == 64:
+        return 2.0 if size == "tiny" else 1.5
+    if size == "small" and new_tokens == 512:
+        return 3.0 if mix == "ragged" else 1.75
+    return 1.5
 
 
 # ----------------------------------------------------------------------------------------------- mindgrpo run
 def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
-                 micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused"):
+                 micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused",
+                 new_tokens: int = NEW_TOKENS):
     """The peer's settings as a mindgrpo config."""
     from mindgrpo.config import GRPOConfig, validate
 
@@ -69,7 +99,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     rl.dataset_file, rl.tokenizer_dir, rl.output_dir = str(dataset), str(FIXTURE), str(out_dir)
     rl.mode, rl.max_steps, rl.seed = "graph", steps, 0
     rl.batch_size, rl.num_generations, rl.num_iterations = PROMPTS, GENERATIONS, 1
-    rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + NEW_TOKENS
+    rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + new_tokens
     rl.beta, rl.loss_type, rl.kl_estimator, rl.scale_rewards = 0.04, "dapo", "k3", "group"
     rl.share_prompt, rl.prompt_bucket = share_prompt, prompt_bucket
     rl.save_ckpt_interval, rl.save_prompt_completions_data = 0, False
@@ -83,7 +113,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     gen.backend, gen.infer_model_batch_size = "native", PROMPTS * GENERATIONS
     gen.decode_impl = decode_impl
     s = gen.sampling_config
-    s.temperature, s.top_p, s.top_k, s.max_tokens = 1.0, 1.0, -1, NEW_TOKENS
+    s.temperature, s.top_p, s.top_k, s.max_tokens = 1.0, 1.0, -1, new_tokens
     config.reward_config.verifier_function, config.reward_config.verifier_weight = ["accuracy_reward"], [1.0]
     return validate(config)
 
@@ -116,8 +146,10 @@ def step_flops(hf: dict, prompt_lengths: List[int], completion_lengths: List[int
     prompt_once = sum(per_token * p + attn * pairs(p) for p, _ in groups)
     completions = sum(per_token * c + head * c + attn * pairs(c, p) for p, cs in groups for c in cs)
     forward = prompt_once + completions  # reference forward, and the training forward
-    return {"rollout": prompt_once + sum(head for _ in groups) + completions, "reference": forward,
-            "update": 3 * forward}
+    # Rollout: the prefill's last position samples each completion's first token; every later token is one decode
+    # step of the token before it, so a completion of c tokens costs c - 1 decode steps (none once it has ended).
+    decode = sum((per_token + head) * (c - 1) + attn * pairs(c - 1, p) for p, cs in groups for c in cs if c)
+    return {"rollout": prompt_once + head * len(groups) + decode, "reference": forward, "update": 3 * forward}
 
 
 def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespace) -> Dict:
@@ -130,7 +162,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     peak = matmul_peak_gflops()
     config = bench_config(model_dir, convert_gsm8k(work / "gsm8k_train.mindrecord"), work / f"run_{size}",
                           args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
-                          args.decode_impl)
+                          args.decode_impl, args.max_new_tokens)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -143,10 +175,11 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         metrics = trainer.train_step()
         seconds = time.perf_counter() - start
         data = trainer.last_rollouts
-        steps.append({"seconds": seconds, "metrics": metrics,
+        lengths = data.completion_mask.sum(1).tolist()
+        steps.append({"seconds": seconds, "metrics": metrics, "lengths": lengths,
                       "tokens": int(data.prompt_lengths.sum() + data.completion_mask.sum()),
                       "flops": step_flops(trainer.policy.hf_config, data.prompt_lengths[::GENERATIONS].tolist(),
-                                          data.completion_mask.sum(1).tolist())})
+                                          lengths)})
     recompiles = trainer.policy.compiled_graphs() - graphs_before
     trainer.metrics.close()
     counted = steps[args.warmup:] or steps
@@ -156,7 +189,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     flops = {phase: sum(s["flops"][phase] for s in counted) for phase in phase_s}
     gflops = peak["peak_gflops"]
     return {
-        "framework": "mindgrpo", "size": size, "model": model_dir.name, "share_prompt": not args.no_share_prompt,
+        "framework": "mindgrpo", "size": size, "model": model_dir.name, "max_new_tokens": args.max_new_tokens,
+        "length_mix": args.length_mix, "share_prompt": not args.no_share_prompt,
         "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl,
         "micro_batch": args.micro_batch,
         "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
@@ -167,10 +201,58 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         **{f"share_{phase}": round(t / total, 4) for phase, t in phase_s.items()},
         "share_other": round(1 - sum(phase_s.values()) / total, 4),
         "peak_rss_mib": peak_rss_mib(), "recompiles_after_warmup": recompiles,
+        "lengths": length_stats([n for s in counted for n in s["lengths"]], args.max_new_tokens),
+        "eos_ids": [trainer.tokenizer.eos_token_id],
         "matmul_peak_gflops": gflops,
         "mfu": round(sum(flops.values()) / total / 1e9 / gflops, 4),
         "mfu_phases": {phase: round(flops[phase] / phase_s[phase] / 1e9 / gflops, 4) for phase in phase_s},
     }
+
+
+# ----------------------------------------------------------------------------------------------- TRL run
+class _Tee(io.StringIO):
+    """Keeps what is printed and passes it on."""
+
+    def __init__(self, out):
+        super().__init__()
+        self.out = out
+
+    def write(self, text: str) -> int:
+        self.out.write(text)
+        return super().write(text)
+
+
+def run_trl(peer_args: List[str]) -> Dict:
+    """The peer benchmark in this (TRL) interpreter, unchanged, plus the completion lengths and EOS ids it used."""
+    spec = importlib.util.spec_from_file_location("trl_grpo_bench", PEER)
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    lengths: List[List[int]] = []
+    eos: List[int] = []
+    instrument = peer.instrument
+
+    def instrument_and_record(trainer, timer):
+        instrument(trainer, timer)
+        build = trainer._generate_and_score_completions
+        eos.extend(trainer.eos_token_ids)
+
+        def build_and_record(*a, **k):  # one call per optimizer step (one generation batch per step)
+            batch = build(*a, **k)
+            lengths.append(batch["completion_mask"].sum(1).tolist())
+            return batch
+
+        trainer._generate_and_score_completions = build_and_record
+
+    peer.instrument = instrument_and_record
+    sys.argv = [str(PEER), *peer_args]
+    printed = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(printed):
+        peer.main()
+    result = json.loads([line for line in printed.getvalue().splitlines() if line.startswith("{\"")][-1])
+    limit = int(peer_args[peer_args.index("--max-completion-length") + 1])
+    counted = lengths[result["steps"] - result["counted_steps"]:]
+    return {**result, "max_new_tokens": limit, "lengths": length_stats([n for s in counted for n in s], limit),
+            "eos_ids": eos}
 
 
 # ----------------------------------------------------------------------------------------------- driver
@@ -191,77 +273,123 @@ def ratios(ours: Dict, peer: Dict) -> Dict:
     return {f"{k}_ratio": round(ours[k] / peer[k], 3) for k in keys if peer.get(k)}
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2, help="leading steps excluded from the statistics")
-    parser.add_argument("--repeats", type=int, default=1, help="alternating runs per framework with --vs-trl")
+def summary(runs: List[Dict]) -> Dict:
+    """Median over repeated runs of the figures compared."""
+    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0].get(k), (int, float)) else runs[0].get(k)
+            for k in runs[0]}
+
+
+def setting_model(size: str, mix: str, new_tokens: int, cache: Path) -> Path:
+    """The model copy both frameworks load for this setting (calibrated on first use, then cached)."""
+    source = FIXTURE if size == "tiny" else small_model(cache / "small-source")
+    return model_for(source, FIXTURE, GSM8K_TRAIN, mix, new_tokens, cache, name=size)
+
+
+def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work: Path,
+            trl_first: bool = False, log=print) -> Dict:
+    """Run one setting (mindgrpo, and TRL with --vs-trl, alternating): {"runs": {...}, "comparison": ...}."""
+    model_dir = setting_model(size, mix, new_tokens, Path(args.model_cache))
+    ours_cmd = [sys.executable, __file__, "--worker", size, "--model-dir", str(model_dir), "--work-dir", str(work),
+                "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-new-tokens", str(new_tokens),
+                "--length-mix", mix, "--micro-batch", str(args.micro_batch), "--prompt-bucket",
+                str(args.prompt_bucket), "--decode-impl", args.decode_impl]
+    ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
+    ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
+    peer_cmd = None
+    if args.vs_trl:  # --size tiny: the peer loads --model as it is (its --size small would build its own model)
+        peer_cmd = [args.vs_trl, __file__, "--trl-worker", "--model", str(model_dir), "--size", "tiny",
+                    "--max-completion-length", str(new_tokens), "--steps", str(args.steps),
+                    "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
+    runs: Dict[str, List[Dict]] = {"mindgrpo": [], "trl": []}
+    for turn in range(args.repeats if peer_cmd else 1):
+        order = [("mindgrpo", ours_cmd)] + ([("trl", peer_cmd)] if peer_cmd else [])
+        for name, cmd in (order[::-1] if (turn % 2 == 1) != trl_first and peer_cmd else order):  # alternate
+            busy = wait_until_idle(args.idle_below, args.idle_wait * 60) if args.idle_wait else None
+            began = time.perf_counter()
+            try:
+                with OthersCpu() as others:
+                    result = run_process(cmd, f"{name} {size} {new_tokens} {mix}")
+            except RuntimeError as err:
+                print(err, file=sys.stderr)
+                continue
+            result.update(size=size, length_mix=mix, process_s=round(time.perf_counter() - began, 1),
+                          cpu_busy_before=busy, others_cpu_share=others.share,
+                          load_average=round(os.getloadavg()[0], 2))
+            runs[name].append(result)
+            log(json.dumps(result))
+    comparison = None
+    if runs["mindgrpo"] and runs["trl"]:
+        ours, peer = (summary(runs[k]) for k in ("mindgrpo", "trl"))
+        comparison = {"compare": "mindgrpo / trl", "size": size, "max_new_tokens": new_tokens, "length_mix": mix,
+                      **ratios(ours, peer),
+                      "mindgrpo_tokens_per_sec": ours["tokens_per_sec"], "trl_tokens_per_sec": peer["tokens_per_sec"],
+                      "mindgrpo_peak_rss_mib": ours["peak_rss_mib"], "trl_peak_rss_mib": peer["peak_rss_mib"],
+                      "trl_gen_fraction": peer.get("gen_fraction"),
+                      "target_tokens_per_sec_ratio": target(size, new_tokens, mix)}
+        comparison["targets_met"] = (comparison["tokens_per_sec_ratio"] >= comparison["target_tokens_per_sec_ratio"]
+                                     and comparison["peak_rss_mib_ratio"] <= 1.0)
+        log(json.dumps(comparison))
+    return {"runs": runs, "comparison": comparison}
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options shared with tools/bench_scaling.py."""
     parser.add_argument("--vs-trl", metavar="PYTHON", help="interpreter of a venv with torch and trl (see the peer)")
+    parser.add_argument("--repeats", type=int, default=1, help="alternating runs per framework with --vs-trl")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both frameworks")
+    parser.add_argument("--model-cache", default=str(MODEL_CACHE),
+                        help="folder of the calibrated model copies, reused by later runs (default: %(default)s)")
+    parser.add_argument("--idle-wait", type=float, default=0, metavar="MINUTES",
+                        help="on a shared machine: before each process, wait up to this long for the CPUs to be "
+                             "at most --idle-below busy (default 0: do not wait)")
+    parser.add_argument("--idle-below", type=float, default=0.2, metavar="FRACTION",
+                        help="CPU busy fraction that counts as idle for --idle-wait (default 0.2)")
     parser.add_argument("--no-share-prompt", action="store_true", help="score every completion's prompt again")
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
                         help="completions per training forward/backward (actor_config.micro_batch_size)")
     parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
     parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
                         help="generate_config.decode_impl (the rollout's decode-step kernels)")
+
+
+def check_inputs(vs_trl: Optional[str]) -> bool:
+    for needed in (FIXTURE, GSM8K_TRAIN) + ((PEER,) if vs_trl else ()):
+        if not needed.exists():
+            print(f"error: {needed} not found (set MINDGRPO_SHARED to the shared reference folder)", file=sys.stderr)
+            return False
+    return True
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["--trl-worker"]:  # run by the TRL venv's interpreter: everything after is the peer's
+        print(json.dumps(run_trl(sys.argv[2:])), flush=True)
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--max-new-tokens", type=int, default=NEW_TOKENS, help="completion limit (default 64)")
+    parser.add_argument("--length-mix", choices=["full", "ragged"], default="full",
+                        help="full: every completion reaches the limit; ragged: median limit/4, top 10%% at it")
+    parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="leading steps excluded from the statistics")
+    add_run_options(parser)
     parser.add_argument("--worker", choices=["tiny", "small"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.max_new_tokens < 4:
+        parser.error(f"--max-new-tokens must be at least 4 (ragged lengths have a median of a quarter of it), "
+                     f"got {args.max_new_tokens}")
     if args.worker:
         print(json.dumps(run_mindgrpo(args.worker, Path(args.model_dir), Path(args.work_dir), args)), flush=True)
         return 0
-    for needed in (FIXTURE, GSM8K_TRAIN) + ((PEER,) if args.vs_trl else ()):
-        if not needed.exists():
-            print(f"error: {needed} not found (set MINDGRPO_SHARED to the shared reference folder)", file=sys.stderr)
-            return 2
-
+    if not check_inputs(args.vs_trl):
+        return 2
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench_grpo_") as tmp:
-        work = Path(tmp)
         for size in args.sizes:
-            model_dir = FIXTURE if size == "tiny" else write_small_model(work / "small")
-            ours_cmd = [sys.executable, __file__, "--worker", size, "--model-dir", str(model_dir), "--work-dir", tmp,
-                        "--steps", str(args.steps), "--warmup", str(args.warmup)]
-            ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
-            ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
-            ours_cmd += ["--micro-batch", str(args.micro_batch), "--prompt-bucket", str(args.prompt_bucket),
-                         "--decode-impl", args.decode_impl]
-            peer_cmd = ([args.vs_trl, str(PEER), "--size", size, "--steps", str(args.steps), "--warmup",
-                         str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
-                        if args.vs_trl else None)
-            runs: Dict[str, List[Dict]] = {"mindgrpo": [], "trl": []}
-            for turn in range(args.repeats if args.vs_trl else 1):
-                order = [("mindgrpo", ours_cmd)] + ([("trl", peer_cmd)] if peer_cmd else [])
-                for name, cmd in (order if turn % 2 == 0 else order[::-1]):  # alternate who goes first
-                    try:
-                        result = run_process(cmd, f"{name} {size}")
-                    except RuntimeError as err:
-                        print(err, file=sys.stderr)
-                        failed = True
-                        continue
-                    result["load_average"] = round(os.getloadavg()[0], 2)
-                    runs[name].append(result)
-                    print(json.dumps(result), flush=True)
-            if runs["mindgrpo"] and runs["trl"]:
-                ours, peer = (summary(runs[k]) for k in ("mindgrpo", "trl"))
-                comparison = {"compare": "mindgrpo / trl", "size": size, **ratios(ours, peer),
-                              "mindgrpo_tokens_per_sec": ours["tokens_per_sec"],
-                              "trl_tokens_per_sec": peer["tokens_per_sec"],
-                              "mindgrpo_peak_rss_mib": ours["peak_rss_mib"], "trl_peak_rss_mib": peer["peak_rss_mib"],
-                              "trl_gen_fraction": peer.get("gen_fraction"),
-                              "target_tokens_per_sec_ratio": TARGETS[size]}
-                comparison["targets_met"] = (comparison["tokens_per_sec_ratio"] >= TARGETS[size]
-                                             and comparison["peak_rss_mib_ratio"] <= 1.0)
-                print(json.dumps(comparison), flush=True)
+            result = compare(size, args.max_new_tokens, args.length_mix, args, Path(tmp))
+            failed |= not result["runs"]["mindgrpo"] or bool(args.vs_trl and not result["runs"]["trl"])
     return 1 if failed else 0
-
-
-def summary(runs: List[Dict]) -> Dict:
-    """Median over repeated runs of the figures compared."""
-    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0].get(k), (int, float)) else runs[0].get(k)
-            for k in runs[0]}
 
 
 if __name__ == "__main__":

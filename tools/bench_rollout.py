@@ -2,31 +2,40 @@
 """Benchmark the rollout backends: generated tokens/s of `native` and `mindformers`, beside Hugging Face `generate`.
 
 Backends: ``native`` (the KV-cache engine on its fused CPU decode kernels), ``native-plain`` (the same engine on
-the plain-ops decode graph, ``generate_config.decode_impl: plain``), ``mindformers`` and Hugging Face ``hf``.
+the plain-ops decode graph, ``generate_config.decode_impl: plain``), ``native-nocompact`` (``native`` decoding every
+row of a batch until its last one ends, the engine's ``compact=False``), ``mindformers`` and Hugging Face ``hf``.
 
 Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts when ../shared has the data and
-the fixture tokenizer, random ids otherwise) x 8 samples = 32 sequences x 64 new tokens, temperature 1,
-``min_tokens = max_tokens`` so every backend generates exactly the same number of tokens. Models: the tiny
-fixture (../shared/fixtures/tiny-qwen2.5) and a random Qwen2 `small` (hidden 512, 8 layers, 8 heads, 2 KV heads,
-intermediate 1408, vocab 4096, as in ../shared/peer/trl_grpo_bench.py), written once as a Hugging Face folder so
-every framework loads the same weights.
+the fixture tokenizer, random ids otherwise) x 8 samples = 32 sequences x 64 new tokens, temperature 1. Length
+mix ``full`` (default): ``min_tokens = max_tokens``, so every backend generates exactly the same number of tokens.
+``ragged``: long-tailed lengths as in R1-Zero-style runs. The random models' next-token distributions are near
+uniform (8.2 nats of entropy out of ln 4096 = 8.3), so ``K`` stop ids (passed as extra EOS ids to Hugging Face) end
+a completion with probability about ``K / vocab`` per step: ``K = vocab * ln(10) / max_tokens`` makes the lengths
+about geometric, 10 % of them at the limit and the median near 0.3 x the limit (the rows' distributions differ, so
+the tail comes out somewhat heavier); the sampled lengths are printed.
+Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and a random Qwen2 `small` (hidden 512, 8 layers, 8
+heads, 2 KV heads, intermediate 1408, vocab 4096, as in ../shared/peer/trl_grpo_bench.py), written once as a
+Hugging Face folder so every framework loads the same weights.
 
 Each (model, backend) runs in its own process, so the peak RSS column is that backend's alone. The first call
 (graph compilation, HF warm-up) is reported separately; then the backends' timed rollouts are interleaved, so on
 a shared machine they see the same load, and tokens/s comes from each backend's fastest run (the least disturbed,
 as in tools/bench_data.py; the median time is printed too). The mindformers backend gets one timed run by default:
 it recomputes the whole sequence per token and takes minutes on `small`. For the native backend, one more run
-splits a decoding step into time inside the compiled graphs and time on the host. Ratios are
-taken within this run: native / HF generate (target >= 2) and native / mindformers. The HF column is skipped
-when torch or transformers is missing.
+splits a decoding step into time inside the compiled graphs and time on the host, and counts the decode columns
+computed (decode steps x batch, the work compaction saves). Ratios are taken within this run: native / HF
+generate (target >= 2), native / mindformers, and native against native-nocompact (rollout time and decode
+columns; both sample the very same tokens). The HF column is skipped when torch or transformers is missing.
 
     python tools/bench_rollout.py [--sizes tiny small] [--backends native native-plain mindformers hf] [--repeats 5]
+    python tools/bench_rollout.py --sizes small --max-tokens 512 --length-mix ragged --backends native native-nocompact
 """
 from __future__ import annotations
 
 import argparse
 import itertools
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -42,7 +51,8 @@ from benchlib import EOS, FIXTURE, PAD, peak_rss_mib, write_small_model
 from benchlib import GSM8K_TRAIN as GSM8K
 
 TARGET_NATIVE_OVER_HF = 2.0
-BACKENDS = ["native", "native-plain", "mindformers", "hf"]
+BACKENDS = ["native", "native-plain", "native-nocompact", "mindformers", "hf"]
+VOCAB = 4096  # both models'
 
 
 # ----------------------------------------------------------------------------------------------- setup
@@ -64,6 +74,15 @@ def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]
     return [rng.integers(0, PAD - 1, size=int(n)).tolist() for n in np.linspace(low + 12, high - 9, count)]
 
 
+def stop_ids(length_mix: str, max_tokens: int) -> List[int]:
+    """The extra stop ids of a length mix (see the module docstring): none for ``full``, for ``ragged`` K ids spread
+    over the vocabulary, away from the special tokens at its end."""
+    if length_mix == "full":
+        return []
+    count = max(1, round(VOCAB * math.log(10) / max_tokens))
+    return np.linspace(7, PAD - 7, count).astype(int).tolist()
+
+
 # ----------------------------------------------------------------------------------------------- workers
 # A worker loads one backend, runs the first (compiling / warming-up) call, then answers "run" lines on stdin
 # with one timed rollout each, so the driver can interleave backends: on a shared machine the load changes from
@@ -72,7 +91,8 @@ REPLY = "BENCH "  # prefix of the worker's answers (libraries may print to stdou
 
 
 def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
-                     threads: Optional[int]) -> Tuple[Callable[[], int], Callable[[], Dict[str, float]]]:
+                     stops: List[int], threads: Optional[int]
+                     ) -> Tuple[Callable[[], np.ndarray], Callable[[], Dict[str, float]]]:
     import mindgrpo  # noqa: F401  (before mindspore)
     import mindspore as ms
     from mindgrpo.models import build_model
@@ -82,41 +102,49 @@ def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: 
         ms.device_context.cpu.op_tuning.threads_num(threads)
     ms.set_context(mode=ms.GRAPH_MODE)
     actor = build_model(model_dir)
-    # "native-plain": the native engine on the plain-ops decode graph, the fused kernels' reference twin
-    options = {"decode_impl": "plain"} if backend == "native-plain" else {}
+    # "native-plain": the native engine on the plain-ops decode graph, the fused kernels' reference twin;
+    # "native-nocompact": every row of a batch decoded until the last one ends
+    options = {"native-plain": {"decode_impl": "plain"}, "native-nocompact": {"compact": False}}.get(backend, {})
     engine = build_rollout_engine(backend.split("-")[0], actor, eos_token_id=EOS, pad_token_id=PAD,
                                   max_prompt_length=max(map(len, prompts)), max_batch_size=len(prompts) * n,
                                   **options)
-    params = SamplingParams(max_tokens=max_tokens, min_tokens=max_tokens, temperature=1.0, n=n, seed=0)
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=0 if stops else max_tokens, temperature=1.0, n=n,
+                            seed=0, stop_token_ids=stops)
     details = (lambda: native_loop_split(engine, prompts, params)) if backend.startswith("native") else dict
-    return (lambda: engine.generate(prompts, params).num_tokens), details
+    return (lambda: engine.generate(prompts, params).completion_mask.sum(1)), details
 
 
 def native_loop_split(engine, prompts: List[List[int]], params) -> Dict[str, float]:
     """Split one more native rollout into time inside the compiled graphs and time on the host (sampling, the
-    Python decode loop, tensor transfers), per decoding step."""
+    Python decode loop, tensor transfers), per decoding step, and count the decode columns computed (the batch of
+    every decode step: compaction shrinks it as rows end)."""
     bucket = engine.bucket_for([p for p in prompts for _ in range(params.n)], params.max_tokens)
-    in_graphs = [0.0]
+    in_graphs, steps, columns = [0.0], [0], [0]
 
-    def timed(cell):
+    def timed(cell, batch=0):
         def call(*args):
             start = time.perf_counter()
             out = cell(*args)
             out.asnumpy()  # wait for the graph to finish
             in_graphs[0] += time.perf_counter() - start
+            steps[0] += batch > 0
+            columns[0] += batch
             return out
         return call
 
-    bucket.prefill, bucket.decode = timed(bucket.prefill), timed(bucket.decode)
+    bucket.prefill = timed(bucket.prefill)
+    bucket.decode = {batch: timed(graph, batch) for batch, graph in bucket.decode.items()}
     start = time.perf_counter()
     engine.generate(prompts, params)
     total = time.perf_counter() - start
-    return {"graph_ms_per_step": round(in_graphs[0] / params.max_tokens * 1e3, 2),
-            "host_ms_per_step": round((total - in_graphs[0]) / params.max_tokens * 1e3, 2)}
+    per_step = 1e3 / (steps[0] + 1)  # the prefill's logits give the first token
+    return {"graph_ms_per_step": round(in_graphs[0] * per_step, 2),
+            "host_ms_per_step": round((total - in_graphs[0]) * per_step, 2),
+            "decode_steps": steps[0], "decode_columns": columns[0]}
 
 
-def hf_rollout(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int,
-               threads: Optional[int]) -> Tuple[Callable[[], int], Callable[[], Dict[str, float]]]:
+def hf_rollout(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int, stops: List[int],
+               threads: Optional[int]) -> Tuple[Callable[[], np.ndarray], Callable[[], Dict[str, float]]]:
     import torch
     from transformers import Qwen2ForCausalLM
 
@@ -131,35 +159,36 @@ def hf_rollout(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int
         ids[i, width - len(prompt):] = torch.tensor(prompt)
         mask[i, width - len(prompt):] = 1
 
-    def generate() -> int:
+    def generate() -> np.ndarray:
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                                 num_return_sequences=n, pad_token_id=PAD, eos_token_id=EOS)
-        return int((out[:, width:] != PAD).sum())
+                                 top_p=1.0, max_new_tokens=max_tokens, min_new_tokens=0 if stops else max_tokens,
+                                 num_return_sequences=n, pad_token_id=PAD, eos_token_id=[EOS, *stops])
+        return (out[:, width:] != PAD).sum(1).numpy()
 
     return generate, lambda: {"torch_threads": torch.get_num_threads()}
 
 
 def worker(args: argparse.Namespace) -> None:
     prompts = json.loads(Path(args.prompts_file).read_text())
+    stops = stop_ids(args.length_mix, args.max_tokens)
     if args.worker == "hf":
-        rollout, details = hf_rollout(args.model_dir, prompts, args.n, args.max_tokens, args.threads)
+        rollout, details = hf_rollout(args.model_dir, prompts, args.n, args.max_tokens, stops, args.threads)
     else:
-        rollout, details = mindgrpo_rollout(args.worker, args.model_dir, prompts, args.n, args.max_tokens,
+        rollout, details = mindgrpo_rollout(args.worker, args.model_dir, prompts, args.n, args.max_tokens, stops,
                                             args.threads)
 
     def reply(**fields) -> None:
         print(REPLY + json.dumps(fields), flush=True)
 
     start = time.perf_counter()
-    tokens = rollout()
-    reply(first_call_s=time.perf_counter() - start, tokens=tokens)
+    lengths = rollout()
+    reply(first_call_s=time.perf_counter() - start, lengths=lengths.tolist())
     for command in sys.stdin:
         if command.strip() == "run":
             start = time.perf_counter()
-            tokens = rollout()
-            reply(seconds=time.perf_counter() - start, tokens=tokens)
+            lengths = rollout()
+            reply(seconds=time.perf_counter() - start, lengths=lengths.tolist())
         else:
             reply(peak_rss_mib=peak_rss_mib(), **details())
             return
@@ -180,14 +209,17 @@ class Worker:
 
     def __init__(self, backend: str, model_dir: Path, prompts_file: Path, args: argparse.Namespace):
         cmd = [sys.executable, __file__, "--worker", backend, "--model-dir", str(model_dir), "--prompts-file",
-               str(prompts_file), "--n", str(args.n), "--max-tokens", str(args.max_tokens)]
+               str(prompts_file), "--n", str(args.n), "--max-tokens", str(args.max_tokens), "--length-mix",
+               args.length_mix]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         self.backend = backend
+        self.max_tokens = args.max_tokens
         self.log = tempfile.TemporaryFile("w+")  # a file, not a pipe: a chatty library cannot block the worker
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.first = self._read()
         self.runs: List[float] = []
+        self.tokens: List[int] = []  # per timed run: each run samples anew (the same seed, so the same lengths)
 
     def _read(self) -> Dict:
         for line in self.proc.stdout:
@@ -199,17 +231,22 @@ class Worker:
     def run(self) -> None:
         self.proc.stdin.write("run\n")
         self.proc.stdin.flush()
-        self.runs.append(self._read()["seconds"])
+        reply = self._read()
+        self.runs.append(reply["seconds"])
+        self.tokens.append(sum(reply["lengths"]))
 
     def finish(self) -> Dict:
         self.proc.stdin.write("stop\n")
         self.proc.stdin.flush()
         final = self._read()
         self.proc.wait()
-        best = min(self.runs)
-        return {**final, "first_call_s": round(self.first["first_call_s"], 2), "tokens": self.first["tokens"],
-                "seconds": round(best, 3), "median_s": round(statistics.median(self.runs), 3),
-                "tokens_per_s": round(self.first["tokens"] / best, 1)}
+        best = int(np.argmin(self.runs))
+        lengths = np.array(self.first["lengths"])
+        return {**final, "first_call_s": round(self.first["first_call_s"], 2), "tokens": self.tokens[best],
+                "seconds": round(self.runs[best], 3), "median_s": round(statistics.median(self.runs), 3),
+                "tokens_per_s": round(self.tokens[best] / self.runs[best], 1),
+                "lengths": f"median {np.median(lengths):.0f}, p90 {np.percentile(lengths, 90):.0f}, "
+                           f"{(lengths >= self.max_tokens).mean():.0%} at the limit"}
 
 
 def measure(backends: List[str], model_dir: Path, prompts_file: Path, args: argparse.Namespace) -> Dict:
@@ -243,6 +280,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--length-mix", choices=["full", "ragged"], default="full",
+                        help="full: every completion to the limit; ragged: long-tailed lengths (module docstring)")
     parser.add_argument("--repeats", type=int, default=5, help="timed rollouts per backend, interleaved")
     parser.add_argument("--mindformers-repeats", type=int, default=1,
                         help="timed repeats for the (slow, cache-less) mindformers backend")
@@ -265,8 +304,8 @@ def main() -> int:
         prompts_file = Path(tmp) / "prompts.json"
         prompts_file.write_text(json.dumps(prompts))
         print(f"workload: {args.prompts} prompts (lengths {sorted(map(len, prompts))}) x {args.n} samples x "
-              f"{args.max_tokens} new tokens, temperature 1, fp32, {os.cpu_count()} cores, threads: "
-              f"{args.threads or 'framework defaults'}, load average {os.getloadavg()[0]:.1f}")
+              f"{args.max_tokens} new tokens ({args.length_mix}), temperature 1, fp32, {os.cpu_count()} cores, "
+              f"threads: {args.threads or 'framework defaults'}, load average {os.getloadavg()[0]:.1f}")
         failed = False
         for size in args.sizes:
             if size == "tiny" and not FIXTURE.exists():
@@ -276,23 +315,30 @@ def main() -> int:
             results = measure(backends, model_dir, prompts_file, args)
             failed |= len(results) != len(backends)
             print(f"\n{size}:")
-            print(f"  {'backend':<12}{'tokens/s':>10}{'best s':>9}{'median s':>10}{'first call s':>14}"
-                  f"{'peak RSS MiB':>14}")
+            print(f"  {'backend':<18}{'tokens/s':>10}{'best s':>9}{'median s':>10}{'first call s':>14}"
+                  f"{'peak RSS MiB':>14}  lengths (first call)")
             for backend, r in results.items():
                 if r:
-                    print(f"  {backend:<12}{r['tokens_per_s']:>10}{r['seconds']:>9}{r['median_s']:>10}"
-                          f"{r['first_call_s']:>14}{r['peak_rss_mib']:>14}")
+                    print(f"  {backend:<18}{r['tokens_per_s']:>10}{r['seconds']:>9}{r['median_s']:>10}"
+                          f"{r['first_call_s']:>14}{r['peak_rss_mib']:>14}  {r['lengths']}")
             native = results.get("native")
-            for name in ("native", "native-plain"):
+            for name in ("native", "native-plain", "native-nocompact"):
                 if results.get(name):
                     print(f"  {name} per step: {results[name]['graph_ms_per_step']} ms in graphs, "
-                          f"{results[name]['host_ms_per_step']} ms on the host (sampling, loop, transfers)")
+                          f"{results[name]['host_ms_per_step']} ms on the host (sampling, loop, transfers); "
+                          f"{results[name]['decode_steps']} decode steps, {results[name]['decode_columns']} "
+                          f"decode columns")
             for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("native-plain", None), ("mindformers", None)):
                 if native and results.get(other):
                     ratio = native["tokens_per_s"] / results[other]["tokens_per_s"]
                     verdict = ("" if target is None else
                                f"  (target >= {target}: {'met' if ratio >= target else 'MISSED'})")
                     print(f"  native / {other}: {ratio:.2f}x{verdict}")
+            baseline = results.get("native-nocompact")
+            if native and baseline:
+                print(f"  native / native-nocompact (same tokens): rollout time "
+                      f"{native['seconds'] / baseline['seconds']:.2f}x, decode columns {native['decode_columns'] / baseline['decode_columns']:.2f}x, tokens/s "
+                      f"{native['tokens_per_s'] / baseline['tokens_per_s']:.2f}x")
     return 1 if failed else 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -57,6 +58,59 @@ def write_small_model(folder: Path, seed: int = 0) -> Path:
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     return folder
+
+
+def small_model(folder: Path) -> Path:
+    """`write_small_model(folder)`, written once (staged, then renamed) and reused: it is deterministic."""
+    if (folder / "config.json").exists():
+        return folder
+    staging = folder.with_name(f".{folder.name}.partial-{os.getpid()}")
+    for leftover in (staging, folder):  # a crashed writer's folder
+        shutil.rmtree(leftover, ignore_errors=True)
+    write_small_model(staging)
+    os.replace(staging, folder)
+    return folder
+
+
+def wait_until_idle(max_busy: float, timeout_s: float, window_s: float = 5.0) -> float:
+    """Wait until the CPUs are at most `max_busy` busy over `window_s` (other processes: call it before starting one
+    of ours), or `timeout_s` has passed; returns the last busy fraction. Benchmarks on a shared machine use it
+    because TRL's OpenMP threads slow down many times over when other processes compete for the cores."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        total0, idle0 = cpu_ticks()
+        time.sleep(window_s)
+        total1, idle1 = cpu_ticks()
+        busy = 1 - (idle1 - idle0) / max(total1 - total0, 1)
+        if busy <= max_busy or time.monotonic() >= deadline:
+            return round(busy, 3)
+
+
+def cpu_ticks() -> tuple:
+    """(all, idle + iowait) clock ticks of every CPU since boot, from /proc/stat."""
+    with open("/proc/stat") as stat:
+        ticks = [int(x) for x in stat.readline().split()[1:]]
+    return sum(ticks), ticks[3] + ticks[4]
+
+
+class OthersCpu:
+    """Share of the machine's CPU time that other processes used while ours ran (`with OthersCpu() as o: ...`,
+    then `o.share`): our children's CPU time is subtracted from the busy time /proc/stat counts."""
+
+    def __enter__(self):
+        self.ticks, self.ours = cpu_ticks(), self._children_s()
+        return self
+
+    def __exit__(self, *exc):
+        total, idle = (b - a for a, b in zip(self.ticks, cpu_ticks()))
+        ours = (self._children_s() - self.ours) * os.sysconf("SC_CLK_TCK")
+        self.share = round(max(0.0, (total - idle - ours) / max(total, 1)), 3)
+        return False
+
+    @staticmethod
+    def _children_s() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
 
 def peak_rss_mib() -> float:

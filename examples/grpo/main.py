@@ -10,6 +10,7 @@ Flags are MindRLHF's; any config key can be overridden as ``group.key=value``. `
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,7 +75,15 @@ def main(argv=None) -> int:
     except (ConfigError, DataError) as err:  # bad config or data: the message says what to change
         print(f"error: {err}", file=sys.stderr)
         return 2
-    trainer.train()
+    from mindgrpo.trainer import PeerLostError
+
+    try:
+        trainer.train()
+    except PeerLostError as err:
+        # The collectives are broken, and MindSpore's teardown then may crash (a SIGSEGV was seen here after this
+        # message): say why and leave at once, with a status that tells a launcher the run failed.
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)
     if trainer.dist.is_main:
         out = Path(config.rl_config.output_dir)
         print(f"[mindgrpo] done: {trainer.step} steps. Metrics: {out / 'metrics.jsonl'} (TensorBoard: "

@@ -25,6 +25,11 @@ data-parallel reducer *averages* over the W ranks (``nn.DistributedGradReducer``
 * ``bnpo`` normalises by the local token count, so it averages micro-batch token means (TRL's behaviour); use
   ``dapo`` when that difference matters.
 
+**Regrouped sequences.** Packed training (:mod:`mindgrpo.packing`) forms micro-batches of other sizes and members.
+Every formula above is a weighted sum of per-sequence sums, so :func:`step_row_weights` gives each sequence its
+weight in the step's loss as the consecutive micro-batches of ``micro_batch_size`` sequences define it, and
+``grpo_loss(row_weights=...)`` sums with those weights: the same loss and gradient however the sequences are grouped.
+
 With G = W = 1 these are TRL 1.16's formulas (``_compute_loss``); the test suite holds them to TRL's own numbers.
 The per-token part runs either as one fused custom op (``impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
 (``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here.
@@ -32,6 +37,8 @@ The per-token part runs either as one fused custom op (``impl="fused"``, mindgrp
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 import mindspore as ms
 from mindspore import Tensor, ops
@@ -144,6 +151,28 @@ def _reduce(row_loss: Tensor, row_stats: Tensor, means: Tensor, cfg: LossSetting
     return row_loss.sum() * dp_size / total
 
 
+def step_row_weights(cfg: LossSettings, lengths: np.ndarray, micro_batch_size: int, *, dp_size: int = 1,
+                     num_items_in_batch: float = 0.0) -> np.ndarray:
+    """float32 [N]: each of this rank's N sequences' weight in the optimizer step's loss, so that
+    sum_i w_i * sum_t m*l is the sum of ``_reduce`` over consecutive micro-batches of ``micro_batch_size`` sequences
+    (G = N / micro_batch_size of them). ``lengths`` [N]: each sequence's active tokens (sum_t m);
+    ``num_items_in_batch``: ``dapo``'s active tokens of the step on all ranks."""
+    lengths = np.asarray(lengths, np.float64)
+    n = len(lengths)
+    if n % micro_batch_size:
+        raise ValueError(f"micro_batch_size {micro_batch_size} must divide the {n} sequences of the step")
+    if cfg.loss_type == "grpo":
+        weights = 1.0 / (np.maximum(lengths, 1.0) * n)
+    elif cfg.loss_type == "bnpo":  # each micro-batch's token mean, then the mean over micro-batches
+        tokens = lengths.reshape(-1, micro_batch_size).sum(1)
+        weights = np.repeat(1.0 / (np.maximum(tokens, 1.0) * (n // micro_batch_size)), micro_batch_size)
+    elif cfg.loss_type == "dr_grpo":
+        weights = np.full(n, 1.0 / (n * cfg.max_completion_length))
+    else:
+        weights = np.full(n, dp_size / max(1.0, float(num_items_in_batch)))
+    return weights.astype(np.float32)
+
+
 def _metrics(means: Tensor) -> Tensor:
     """Masked token means over the micro-batch, whatever the loss_type (as TRL logs its clip ratios and KL)."""
     return means[1:1 + len(METRICS)]
@@ -161,7 +190,7 @@ def metrics_dict(metrics: Tensor) -> dict[str, float]:
 
 def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *,
               cfg: LossSettings, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
-              dp_size: int = 1) -> tuple[Tensor, Tensor]:
+              dp_size: int = 1, row_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """GRPO loss of one micro-batch and its metrics; call it inside the differentiated function.
 
     Args:
@@ -179,6 +208,9 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
             batch (then G and W must be 1).
         grad_accum_steps: G, micro-batches per optimizer step whose gradients the trainer sums.
         dp_size: W, data-parallel ranks whose gradients the reducer averages.
+        row_weights: [B] float32, each sequence's weight from :func:`step_row_weights`: the loss is then
+            sum_i row_weights_i * sum_t m*l, and ``num_items_in_batch``, ``grad_accum_steps`` and ``dp_size`` are
+            not used (the weights hold them).
 
     Returns:
         ``(loss, metrics)``: scalar loss, and a float32 vector without gradient whose entries are named by
@@ -216,5 +248,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
                                                       advantages, mask, hyper)
     else:
         row_loss, row_stats, means = plain_token_loss(logp, old_logp, ref_logp, advantages, mask, cfg)
-    loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size)
+    if row_weights is None:
+        loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size)
+    else:
+        loss = (row_loss * ops.stop_gradient(_float32(row_weights))).sum()
     return loss, ops.stop_gradient(_metrics(means))

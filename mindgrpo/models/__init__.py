@@ -11,6 +11,7 @@ with lean_mindformers_import():
     from mindgrpo.models.hf_config import (ModelConfigError, Qwen2Spec, qwen2_spec, read_generation_config,
                                            read_hf_config)
     from mindgrpo.models.qwen2 import ROLES, Qwen2CausalLM, build_model
+    from mindgrpo.models.packed_prompt import PackedPromptForward
     from mindgrpo.models.shared_prompt import SharedPromptForward
     from mindgrpo.models.weights import (CheckpointMismatchError, checkpoint_files, hf_parameters, hf_to_ms_name,
                                          load_hf_weights, load_state_dict_hf, ms_to_hf_name, state_dict_hf,

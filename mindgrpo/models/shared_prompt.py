@@ -114,14 +114,16 @@ class SharedPromptLayer(Qwen2Blocks):
         g, grp, d = self.group, self.groups, self.head_dim
         out = ()
         for h in range(self.kv_heads):
-            q_h = q[:, h * grp:(h + 1) * grp]  # [N*T, groups, d]
+            q_h = self._heads(q, h * grp, grp)  # [N*T, groups, d]
             # all G completions of a group against its prompt at once, then each completion against itself
-            to_prompt = self.bmm_t(q_h.reshape((ng, g * t * grp, d)), k_prompt[:, h].reshape((ng, p, d)))
-            to_own = self.bmm_t(q_h.reshape((ng * g, t * grp, d)), k[:, h].reshape((ng * g, t, d)))
+            to_prompt = self.bmm_t(q_h.reshape((ng, g * t * grp, d)), self._heads(k_prompt, h, 1).reshape((ng, p, d)))
+            to_own = self.bmm_t(q_h.reshape((ng * g, t * grp, d)), self._heads(k, h, 1).reshape((ng * g, t, d)))
             probs = self._scores_softmax(ops.concat((to_prompt.reshape((ng * g, t * grp, p)), to_own), 2), bias)
-            ctx = (self.bmm(probs[:, :, :p].reshape((ng, g * t * grp, p)), v_prompt[:, h].reshape((ng, p, d)))
+            to_prompt_probs = ops.slice(probs, (0, 0, 0), (ng * g, t * grp, p)).reshape((ng, g * t * grp, p))
+            own_probs = ops.slice(probs, (0, 0, p), (ng * g, t * grp, t))
+            ctx = (self.bmm(to_prompt_probs, self._heads(v_prompt, h, 1).reshape((ng, p, d)))
                    .reshape((ng * g, t * grp, d))
-                   + self.bmm(probs[:, :, p:], v[:, h].reshape((ng * g, t, d))))
+                   + self.bmm(own_probs, self._heads(v, h, 1).reshape((ng * g, t, d))))
             out += (ctx.reshape((ng * g * t, grp * d)),)
         return ops.concat(out, 1)
 

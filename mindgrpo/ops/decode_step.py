@@ -1,5 +1,6 @@
 """The native rollout's decode step as fused CPU kernels: attention with the KV-cache write, RMSNorm (with the
-residual add) and the SwiGLU product.
+residual add) and the SwiGLU product, and the prompt pass's cache write. The cache is a
+:class:`~mindgrpo.ops.kv_store.KvStore`, memory the kernels own.
 
 Decoding one token for a few dozen rows is bound by kernel launches, not arithmetic. With these kernels a layer's
 step is 11 launches (the 7 weight products stay on MindSpore's MatMul) instead of about 50; attention also reads
@@ -30,7 +31,11 @@ class DecodeStepOps(NamedTuple):
     """The kernels as MindSpore custom ops (shapes in the kernel source). A Cell must keep each op in its own
     attribute: GRAPH mode does not read a NamedTuple's fields."""
     attention: ops.Custom
-    """``(q_t, k_t, v_t, bq, bk, bv, cos, sin, positions, start, write_pos, k_cache, v_cache) -> ctx_t``"""
+    """``(q_t, k_t, v_t, bq, bk, bv, cos, sin, positions, start, write_pos, rows, cache) -> ctx_t`` (column ``b``
+    decodes cache row ``rows[b]`` of the store layer ``cache``, a ``KvStore.layer_keys()`` entry)"""
+    store_write: ops.Custom
+    """``(k, v, rows, cache) -> done[1]``: prompt keys/values ``[P, S, kv_heads, head_dim]``, prompt ``rows[r]``
+    written to positions ``0..S-1`` of cache row ``r``"""
     rms_norm: ops.Custom
     """``(x, weight, eps) -> y``"""
     add_rms_norm: ops.Custom
@@ -52,6 +57,8 @@ def decode_step_ops() -> DecodeStepOps:
     def first_twice(x, *_):
         return x, x
 
-    return DecodeStepOps(attention=custom("DecodeAttention", first, first), rms_norm=custom("RmsNormT", first, first),
+    return DecodeStepOps(attention=custom("DecodeAttention", first, first),
+                         store_write=custom("KvStoreWrite", lambda *_: [1], lambda x, *_: x),
+                         rms_norm=custom("RmsNormT", first, first),
                          add_rms_norm=custom("AddRmsNormT", first_twice, first_twice),
                          silu_mul=custom("SiluMul", first, first))

@@ -2,22 +2,42 @@
 
 Shapes are static per bucket so each bucket compiles exactly once:
 
-* decode batch ``B``: rows (``prompts x n``) rounded up to a power of two, capped at ``max_batch_size``
-  (larger requests run in chunks of whole rows, prompt-major);
+* chunk batch ``B``: rows (``prompts x n``) rounded up to a power of two, capped at ``max_batch_size``
+  (larger requests run in chunks of whole rows, prompt-major); the KV cache has ``B`` rows;
 * prompt batch ``P``: distinct prompts of a chunk rounded up to a power of two (identical prompts are
   prefilled once, and each prompt's cache rows are forked to its samples);
 * prompt length ``S``: the longest prompt of a chunk rounded up to ``prompt_length_buckets``;
-* cache length ``S + T`` with ``T`` = ``max_tokens`` rounded up to a multiple of 32.
+* cache length ``S + T`` with ``T`` = ``max_tokens`` rounded up to a multiple of 32;
+* decode batch ``b``: each step decodes only the rows still generating (compaction), in the smallest power of
+  two that holds them, down to ``min_decode_batch`` (default 8: below it a step costs the same on CPU). A bucket
+  has one decode graph per such ``b <= B``, all on the chunk's one KV cache: a decode column names the cache row it
+  continues, so compaction moves no cache row. With ragged lengths (most completions short, a few at the limit)
+  the decode work then follows the tokens generated rather than ``B x T``. Every decode graph of a bucket compiles
+  when the bucket is built (``log2(B / min_decode_batch) + 1`` of them): which ones a rollout reaches depends on
+  where its rows end, and after the first rollout of a bucket nothing compiles again.
+
+Where the cache lives depends on the decode path. The fused CPU kernels (``decode_impl="fused"``, float32,
+:class:`~mindgrpo.rollout.qwen2_graph.FusedDecodeGraph`) keep it in a :class:`~mindgrpo.ops.kv_store.KvStore`,
+memory that is resident only where written: it grows with the rows' lengths, not the limit, a row's memory is
+given back when it ends and the whole cache after each chunk, so between rollouts (during training) it holds
+nothing; columns of a decode batch beyond its live rows name no cache row and the kernel skips them. The plain ops
+(:class:`~mindgrpo.rollout.qwen2_graph.DecodeGraph`: other dtypes, Ascend) keep it in Parameters of the full
+shape; their batch-``B`` graph reads the cache in place (column ``i`` decodes row ``i``, finished rows included)
+and the smaller ones gather their rows, filling the batch with finished rows whose results are dropped.
 
 Prompts are left-padded to ``S``, so every row writes its ``t``-th token at cache index ``S + t``; position ids
 count from each prompt's first real token and padded keys are masked, which makes results equal to the unpadded
-computation. The graphs run in GRAPH mode even when the process is in PyNative mode: on MindSpore 2.9 a
-``@jit`` graph in PyNative mode keeps the tensor a Parameter had when it was compiled, so a later ``set_data``
-(checkpoint load, ``mindgrpo.models.sync_weights``) never reaches it, while a GRAPH-mode Cell reads the live
-Parameter after ``set_data`` and after in-place optimizer updates alike. Sampling runs on the host
-(:mod:`mindgrpo.rollout.sampler`). On CPU with a float32 model the decode step runs on fused C++ kernels
-(``decode_impl="fused"``, :class:`~mindgrpo.rollout.qwen2_graph.FusedDecodeGraph`): decoding a few rows at a time is
-bound by kernel launches, not arithmetic.
+computation. Compaction does not change results either: each row's logits are the same bits in any decode batch
+of two or more columns (the products and kernels are column-wise; a single column would take MatMul's
+matrix-vector kernel, which rounds differently, hence ``min_decode_batch >= 2``) and the sampler draws every row's
+randomness whether the row is live or not (:class:`~mindgrpo.rollout.sampler.TokenSampler`), so tokens and log-probs
+equal those of decoding every row to the end (``compact=False``).
+
+The graphs run in GRAPH mode even when the process is in PyNative mode: on MindSpore 2.9 a ``@jit`` graph in
+PyNative mode keeps the tensor a Parameter had when it was compiled, so a later ``set_data`` (checkpoint load,
+``mindgrpo.models.sync_weights``) never reaches it, while a GRAPH-mode Cell reads the live Parameter after
+``set_data`` and after in-place optimizer updates alike. Sampling runs on the host (:mod:`mindgrpo.rollout.sampler`).
+The fused kernels exist because decoding a few rows at a time is bound by kernel launches, not arithmetic.
 """
 from __future__ import annotations
 
@@ -34,7 +54,9 @@ from mindspore import Tensor, nn
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, PROMPT_LENGTH_BUCKET, EosIds, RolloutResult,
                                   SamplingParams, check_prompts, check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
-from mindgrpo.rollout.qwen2_graph import DecodeGraph, FusedDecodeGraph, PrefillGraph, Qwen2Weights, new_kv_cache
+from mindgrpo.ops.kv_store import KvStore
+from mindgrpo.rollout.qwen2_graph import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
+                                          Qwen2Weights, new_kv_cache)
 from mindgrpo.rollout.sampler import TokenSampler
 
 _MAX_TOKENS_STEP = 32
@@ -80,14 +102,63 @@ class BucketKey:
 
 
 class _Bucket:
-    """The two compiled graphs of one shape bucket and the KV cache they share."""
+    """The compiled graphs of one shape bucket and the KV cache they share: the prefill, and one decode graph per
+    decode batch (``decode_batches``, ending with the chunk batch). The fused graphs keep the cache in a
+    :class:`~mindgrpo.ops.kv_store.KvStore` (memory only where written, given back as rows end and after each
+    chunk), the plain ones in Parameters of the full shape."""
 
-    def __init__(self, weights: Qwen2Weights, key: BucketKey, tag: str, fused_decode: bool):
+    def __init__(self, weights: Qwen2Weights, key: BucketKey, tag: str, fused_decode: bool,
+                 decode_batches: Sequence[int]):
         self.key = key
-        self.kv_cache = new_kv_cache(weights, key.batch, key.cache_len, tag)
-        self.prefill = PrefillGraph(weights, key.cache_len, self.kv_cache)
-        self.decode = (FusedDecodeGraph if fused_decode else DecodeGraph)(weights, key.cache_len, self.kv_cache)
-        self.graphs = (self.prefill, self.decode)
+        spec = weights.spec
+        if fused_decode:
+            self.store: Optional[KvStore] = KvStore(key.batch, spec.local_kv_heads, key.cache_len, spec.head_dim,
+                                                    spec.num_layers)
+            self.prefill = FusedPrefillGraph(weights, key.cache_len, self.store)
+            self.decode = {batch: FusedDecodeGraph(weights, key.cache_len, self.store, batch)
+                           for batch in decode_batches}
+        else:
+            self.store = None
+            kv_cache = new_kv_cache(weights, key.batch, key.cache_len, tag)
+            self.prefill = PrefillGraph(weights, key.cache_len, kv_cache)
+            self.decode = {batch: DecodeGraph(weights, key.cache_len, kv_cache, batch) for batch in decode_batches}
+        self.graphs = (self.prefill, *self.decode.values())
+
+    def compile_decode(self) -> None:
+        """Compile every decode graph (without running one): which of them a rollout reaches depends on where its
+        rows end, and none may compile in the middle of a later rollout."""
+        write_pos = Tensor(self.key.prompt_len, ms.int32)
+        for batch, graph in self.decode.items():
+            zeros, rows = Tensor(np.zeros(batch, np.int32)), Tensor(np.arange(batch, dtype=np.int32))
+            graph.compile(zeros, zeros, zeros, write_pos, rows)
+
+    def columns(self, rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        """The cache row of each column of the decode batch that holds ``rows`` (sorted cache rows, the live
+        sequences), and the columns that decode them. The store's kernel skips a column without a row (-1); the
+        Parameter cache's full-batch graph reads the cache in place (column i decodes row i) and its smaller ones
+        take the live rows first, then other rows (finished or padding) whose results are dropped."""
+        batch = next(b for b in self.decode if b >= len(rows))
+        if self.store is not None:
+            return np.concatenate((rows, np.full(batch - len(rows), -1))), np.arange(len(rows))
+        if batch == self.key.batch:
+            return np.arange(batch), rows
+        others = np.setdiff1d(np.arange(self.key.batch), rows)[:batch - len(rows)]
+        return np.concatenate((rows, others)), np.arange(len(rows))
+
+    def release_rows(self, rows: np.ndarray) -> None:
+        """The sequences in these cache rows ended: give their cache memory back (store only)."""
+        if self.store is not None and len(rows):
+            self.store.release_rows(rows)
+
+    def release_cache(self) -> None:
+        """The chunk is done: give all cache memory back (store only)."""
+        if self.store is not None:
+            self.store.release()
+
+    def close(self) -> None:
+        """Unmap the store; the bucket's graphs must not run afterwards."""
+        if self.store is not None:
+            self.store.close()
 
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for these Cells (its own per-Cell compile cache)."""
@@ -99,7 +170,8 @@ class NativeRolloutEngine:
 
     def __init__(self, actor: nn.Cell, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
                  max_batch_size: int = 32, prompt_length_buckets: Optional[Sequence[int]] = None,
-                 max_cached_buckets: int = 4, decode_impl: str = "fused"):
+                 max_cached_buckets: int = 4, decode_impl: str = "fused", compact: bool = True,
+                 min_decode_batch: int = 8):
         """
         Args:
             actor: the policy (MindFormers ``LlamaForCausalLM`` configured as Qwen2, or a Cell holding one).
@@ -113,9 +185,19 @@ class NativeRolloutEngine:
             decode_impl: ``fused`` decodes with fused C++ kernels (attention with the cache write, RMSNorm,
                 SwiGLU; :mod:`mindgrpo.ops.decode_step`) when the device is CPU and the model float32, with the
                 plain ops otherwise; ``plain`` always uses the plain ops.
+            compact: decode only the rows still generating, in the smallest batch bucket that holds them (see the
+                module docstring); False decodes every row of a chunk until its last one ends (the same tokens and
+                log-probs, at the cost of the whole batch per step).
+            min_decode_batch: the smallest batch compaction goes down to (a power of two, at least 2). Each decode
+                batch is one more compiled graph (about 7 MB each for ``small`` on CPU), and below a few rows a step
+                costs the same (measured on ``small``, fused, 250 keys: 32 rows 17.8 ms, 16 12.3, 8 9.5, 4 9.9,
+                2 9.0 ms: reading the weights, ~96 MB a step, bounds it). Never 1: a single column takes MatMul's
+                matrix-vector kernel, whose sums round differently from the batched one.
         """
         if max_batch_size < 1 or max_prompt_length < 1 or max_cached_buckets < 1:
             raise ValueError("max_batch_size, max_prompt_length and max_cached_buckets must be >= 1")
+        if min_decode_batch < 2 or min_decode_batch & (min_decode_batch - 1):
+            raise ValueError(f"min_decode_batch must be a power of two >= 2, got {min_decode_batch}")
         self.weights = Qwen2Weights(actor)
         self.spec = self.weights.spec
         self.eos_ids = eos_tuple(eos_token_id)
@@ -136,6 +218,8 @@ class NativeRolloutEngine:
         self.fused_decode = decode_impl == "fused" and fused_decode_available(
             ms.get_context("device_target"), self.weights.compute_dtype, self.weights.param_dtype, self.spec.qkv_bias)
         """Whether decoding uses the fused kernels (see ``decode_impl``)."""
+        self.compact = bool(compact)
+        self.min_decode_batch = int(min_decode_batch)
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0
         self.buckets_built: List[BucketKey] = []
@@ -172,9 +256,12 @@ class NativeRolloutEngine:
                 steps = max(map(len, forced)) + 1
                 decoder = _ChunkDecoder(self, chunk, steps)
                 history = [decoder.logits]
-                for step in range(steps - 1):
-                    decoder.advance(np.array([c[step] if step < len(c) else self.pad_token_id for c in forced]))
-                    history.append(decoder.logits)
+                try:
+                    for step in range(steps - 1):  # every row to the end: the whole batch decodes each step
+                        decoder.advance(np.array([c[step] if step < len(c) else self.pad_token_id for c in forced]))
+                        history.append(decoder.logits)
+                finally:
+                    decoder.bucket.release_cache()
                 stacked = np.stack(history, axis=1)  # [rows, steps, vocab]
                 result += [stacked[r, :len(forced[r]) + 1] for r in range(len(chunk))]
         return result
@@ -188,7 +275,9 @@ class NativeRolloutEngine:
 
     def release(self) -> None:
         """Drop every bucket (compiled graphs and KV caches) to free memory; they rebuild on demand."""
-        self._evicted_graphs += sum(b.compiled_graphs() for b in self._buckets.values())
+        for bucket in self._buckets.values():
+            self._evicted_graphs += bucket.compiled_graphs()
+            bucket.close()
         self._buckets.clear()
 
     # -- internals --------------------------------------------------------------------------------------
@@ -202,18 +291,22 @@ class NativeRolloutEngine:
         logprobs: List[List[float]] = [[] for _ in rows]
         reasons = [FINISH_LENGTH] * len(rows)
         active = np.ones(len(rows), bool)
-        for step in range(params.max_tokens):
-            chosen, chosen_logprobs = sampler.sample(decoder.logits, step)
-            for r in np.flatnonzero(active):
-                tokens[r].append(int(chosen[r]))
-                logprobs[r].append(float(chosen_logprobs[r]))
-            stopped = active & np.isin(chosen, stop_ids)
-            for r in np.flatnonzero(stopped):
-                reasons[r] = FINISH_STOP
-            active &= ~stopped
-            if not active.any() or step + 1 == params.max_tokens:
-                break
-            decoder.advance(chosen)  # finished rows keep decoding (static shapes); their tokens are dropped
+        try:
+            for step in range(params.max_tokens):
+                decoded = decoder.rows  # the rows decoder.logits belongs to: the live ones (all without compaction)
+                chosen, chosen_logprobs = sampler.sample(decoder.logits, step, decoded)
+                for i in np.flatnonzero(active[decoded]):
+                    tokens[decoded[i]].append(int(chosen[i]))
+                    logprobs[decoded[i]].append(float(chosen_logprobs[i]))
+                stopped = decoded[active[decoded] & np.isin(chosen, stop_ids)]
+                for r in stopped:
+                    reasons[r] = FINISH_STOP
+                active[stopped] = False
+                if not active.any() or step + 1 == params.max_tokens:
+                    break
+                decoder.advance(chosen, active[decoded])
+        finally:
+            decoder.bucket.release_cache()
         return tokens, logprobs, reasons
 
     def bucket_for(self, row_prompts: Sequence[Sequence[int]], max_tokens: int) -> "_Bucket":
@@ -228,7 +321,13 @@ class NativeRolloutEngine:
             while len(self._buckets) >= self.max_cached_buckets:
                 _, old = self._buckets.popitem(last=False)
                 self._evicted_graphs += old.compiled_graphs()
-            bucket = _Bucket(self.weights, key, f"{id(self):x}.{len(self.buckets_built)}", self.fused_decode)
+                old.close()
+            smaller = [b for b in self.batch_buckets if self.min_decode_batch <= b < key.batch] if self.compact else []
+            decode_batches = [*smaller, key.batch]
+            bucket = _Bucket(self.weights, key, f"{id(self):x}.{len(self.buckets_built)}", self.fused_decode,
+                             decode_batches)
+            with graph_mode():
+                bucket.compile_decode()
             self._buckets[key] = bucket
             self.buckets_built.append(key)
         self._buckets.move_to_end(key)
@@ -237,7 +336,9 @@ class NativeRolloutEngine:
 
 class _ChunkDecoder:
     """Prefill of one chunk of rows (distinct prompts once, cache forked to their rows), then one token per row
-    per :meth:`advance`. ``logits`` [rows, vocab] always holds the next-token logits."""
+    per :meth:`advance`. ``logits`` [len(rows), vocab] always holds the next-token logits of the chunk rows
+    ``rows``: all of them at first, then, with compaction, those still generating. Chunk row ``r`` lives in cache
+    row ``r`` throughout."""
 
     def __init__(self, engine: NativeRolloutEngine, row_prompts: Sequence[Sequence[int]], max_tokens: int):
         self.bucket = bucket = engine.bucket_for(row_prompts, max_tokens)
@@ -256,21 +357,38 @@ class _ChunkDecoder:
         prompt_logits = bucket.prefill(Tensor(tokens), Tensor(positions), Tensor(key_valid),
                                        Tensor(cache_rows)).asnumpy()
         self.logits = prompt_logits[row_source]
-        self.rows = len(row_prompts)
+        self.rows = np.arange(len(row_prompts))
+        self.compact = engine.compact
+        self.pad = pad
+        # per row: its prompt's length and the cache index of its first real token
         self.lengths = np.array([len(p) for p in row_prompts], np.int32)
-        self.first_key = np.full(key.batch, s - 1, np.int32)
-        self.first_key[:self.rows] = s - self.lengths
-        self.feed = np.full(key.batch, pad, np.int32)
-        self.positions = np.zeros(key.batch, np.int32)
+        self.first_key = s - self.lengths
         self.step = 0
+        bucket.release_rows(np.arange(len(row_prompts), key.batch))  # padding rows: never decoded
 
-    def advance(self, tokens: np.ndarray) -> None:
-        """Feed each row's token for the current step; ``logits`` then predicts the step after it."""
-        if self.step >= self.bucket.key.max_tokens:
+    def advance(self, tokens: np.ndarray, keep: Optional[np.ndarray] = None) -> None:
+        """Feed the token of each row of ``rows`` for the current step; with compaction, the rows where ``keep``
+        is False (they ended) stop being decoded. ``logits`` then predicts the step after it."""
+        key = self.bucket.key
+        if self.step >= key.max_tokens:
             raise RuntimeError("decoded past the bucket's cache length")
-        self.feed[:self.rows] = tokens
-        self.positions[:self.rows] = self.lengths + self.step
-        write_pos = Tensor(self.bucket.key.prompt_len + self.step, ms.int32)
-        logits_t = self.bucket.decode(Tensor(self.feed), Tensor(self.positions), Tensor(self.first_key), write_pos)
-        self.logits = logits_t.asnumpy().T[:self.rows]  # a view: the sampler's copy does the transpose
+        if self.compact and keep is not None:
+            self.bucket.release_rows(self.rows[~keep])
+            self.rows, tokens = self.rows[keep], tokens[keep]
+        count = len(self.rows)
+        columns, live = self.bucket.columns(self.rows)
+        batch, write_pos = len(columns), key.prompt_len + self.step
+        # columns without a live row (see _Bucket.columns) are fed padding and attend to their new key only (or are
+        # skipped), and their results dropped
+        feed = np.full(batch, self.pad, np.int32)
+        feed[live] = tokens
+        positions = np.zeros(batch, np.int32)
+        positions[live] = self.lengths[self.rows] + self.step
+        start = np.full(batch, write_pos, np.int32)
+        start[live] = self.first_key[self.rows]
+        logits_t = self.bucket.decode[batch](Tensor(feed), Tensor(positions), Tensor(start),
+                                             Tensor(write_pos, ms.int32), Tensor(columns.astype(np.int32)))
+        logits = logits_t.asnumpy().T
+        # a view when the live columns are the first ones: the sampler's copy does the transpose
+        self.logits = logits[:count] if live[-1] == count - 1 else logits[live]
         self.step += 1

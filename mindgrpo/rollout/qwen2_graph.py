@@ -2,7 +2,7 @@
 
 The native rollout engine never copies weights: :class:`Qwen2Weights` holds the very ``Parameter`` objects of
 the actor (a MindFormers ``LlamaForCausalLM`` configured as Qwen2), so an optimizer step on the actor is visible
-to the next rollout without any synchronisation. Two graphs per shape bucket read them:
+to the next rollout without any synchronisation. The graphs of a shape bucket read them:
 
 * :class:`PrefillGraph` runs the distinct prompts of a batch (left-padded to one length), writes their keys and
   values into the cache rows of every sample drawn from them (the "fork": a prompt is computed once, its cache
@@ -10,9 +10,12 @@ to the next rollout without any synchronisation. Two graphs per shape bucket rea
 * :class:`DecodeGraph` feeds one token per sequence, writes its key/value into the cache
   (``ScatterNdUpdate`` on the cache Parameters) and returns the next-token logits, transposed ([vocab, B]: the host
   reads them through a transposed view, cheaper than an in-graph Transpose). (Writing in a separate graph with an
-  in-place ``ScatterUpdate`` on a flat cache was measured slower end to end on CPU, so we keep one graph.)
-  :class:`FusedDecodeGraph` is the same step on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`, which
-  write the cache in place.
+  in-place ``ScatterUpdate`` on a flat cache was measured slower end to end on CPU, so we keep one graph.) Its
+  batch may be smaller than the cache's: each column names the cache row it continues, so the live sequences of a
+  chunk keep decoding in the chunk's cache, without the finished ones and without moving any row.
+  :class:`FusedDecodeGraph` is the same step on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`, whose
+  cache is not a Parameter but a :class:`~mindgrpo.ops.kv_store.KvStore` (memory only where written), filled by
+  :class:`FusedPrefillGraph`.
 
 The math (:mod:`mindgrpo.models.qwen2_blocks`) follows MindFormers' Qwen2 configuration exactly, so logits match
 the actor's full forward.
@@ -25,8 +28,9 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
 from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
+from mindgrpo.ops.kv_store import KvStore
 
-__all__ = ["DecodeGraph", "FusedDecodeGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
+__all__ = ["DecodeGraph", "FusedDecodeGraph", "FusedPrefillGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
 
 
 class PrefillGraph(Qwen2Blocks):
@@ -37,45 +41,66 @@ class PrefillGraph(Qwen2Blocks):
         """tokens/positions/key_valid: [P, S] (prompts left-padded to S; key_valid 1 on real tokens);
         rows: [B] index of the prompt each cache row (sample) continues. Returns logits [P, vocab]."""
         p, s = tokens.shape
-        b, d = rows.shape[0], self.head_dim
         cos, sin = self._rope_rows(positions.reshape((-1,)))
         x = self._embed_rows(tokens.reshape((-1,)))  # [P*S, hidden]
         bias = self._causal_bias_rows(key_valid, s)
-        tail = ops.zeros((b, self.kv_heads, self.cache_len - s, d), self.dtype)
         writes = ()
         for i in range(self.num_layers):
             q, k, v = self._qkv_rows(i, x, cos, sin)
             x = self._mlp_rows(i, self._attention_out_rows(i, x, self._causal_attention_rows(q, k, v, bias, p, s)))
-            # cache layout [rows, kv_heads, len, d], one KV head at a time (no transpose); the fork: cache row r
-            # continues prompt rows[r]; the tail beyond S is filled by decoding
-            k_heads, v_heads = (), ()
-            for h in range(self.kv_heads):
-                k_heads += (k[:, h].reshape((p, 1, s, d)),)
-                v_heads += (v[:, h].reshape((p, 1, s, d)),)
-            k_cache = ops.concat((ops.gather(ops.concat(k_heads, 1), rows, 0), tail), 2)
-            v_cache = ops.concat((ops.gather(ops.concat(v_heads, 1), rows, 0), tail), 2)
-            writes += (ops.assign(self.kv_cache[2 * i], k_cache), ops.assign(self.kv_cache[2 * i + 1], v_cache))
+            writes += self._write_cache(i, k, v, rows, p, s)
         last = x.reshape((p, s, self.hidden))[:, s - 1]  # each prompt's last token
         # the sampler needs every column: gather the vocabulary slices of the P prompts' last tokens
         return ops.depend(self.comm.gather_slots(self._logits_rows(last), 1), writes)
 
+    def _write_cache(self, layer: int, k, v, rows, p: int, s: int):
+        """Write the prompts' keys/values k, v [P*S, kv_heads, d] of ``layer`` into the cache Parameters (layout
+        [rows, kv_heads, len, d], built one KV head at a time: no transpose). The fork: cache row r continues
+        prompt rows[r]; the tail beyond S, filled by decoding, is zeroed."""
+        b, d = rows.shape[0], self.head_dim
+        k_heads, v_heads = (), ()
+        for h in range(self.kv_heads):
+            k_heads += (k[:, h].reshape((p, 1, s, d)),)
+            v_heads += (v[:, h].reshape((p, 1, s, d)),)
+        tail = ops.zeros((b, self.kv_heads, self.cache_len - s, d), self.dtype)
+        k_cache = ops.concat((ops.gather(ops.concat(k_heads, 1), rows, 0), tail), 2)
+        v_cache = ops.concat((ops.gather(ops.concat(v_heads, 1), rows, 0), tail), 2)
+        return ops.assign(self.kv_cache[2 * layer], k_cache), ops.assign(self.kv_cache[2 * layer + 1], v_cache)
+
+
+class FusedPrefillGraph(PrefillGraph):
+    """:class:`PrefillGraph` writing into the fused kernels' :class:`~mindgrpo.ops.kv_store.KvStore`: one kernel
+    per layer copies the prompt positions into each cache row (nothing beyond them is touched)."""
+
+    def __init__(self, weights: Qwen2Weights, cache_len: int, store: KvStore):
+        super().__init__(weights, cache_len, ParameterTuple(()))
+        from mindgrpo.ops.decode_step import decode_step_ops  # noqa: PLC0415  (compiles the kernels once)
+
+        self.store_write_op = decode_step_ops().store_write
+        self.store_keys = store.layer_keys()
+
+    def _write_cache(self, layer: int, k, v, rows, p: int, s: int):
+        shape = (p, s, self.kv_heads, self.head_dim)
+        return (self.store_write_op(k.reshape(shape), v.reshape(shape), rows, self.store_keys[layer]),)
+
 
 class DecodeGraph(Qwen2Blocks):
-    """One decoding step for every cache row, writing the new key/value into the cache in place."""
+    """One decoding step for ``batch`` sequences, each continuing its own row of the KV cache, writing the new
+    key/value into the cache in place. ``batch`` may be smaller than the cache's rows (a compacted chunk): the
+    graph then reads the rows it decodes out of the cache, so its attention costs ``batch`` rows, not all of them.
+    With ``batch`` equal to the cache's rows it reads the cache as it is, so column ``i`` must decode row ``i``."""
 
-    def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple):
+    def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple, batch: int):
         super().__init__(weights, cache_len, kv_cache)
-        b = kv_cache[0].shape[0]
-        grid_b, grid_h = np.meshgrid(np.arange(b), np.arange(self.kv_heads), indexing="ij")
-        self.row_index = Tensor(grid_b.astype(np.int32))
-        self.head_index = Tensor(grid_h.astype(np.int32))
+        self.compacted = batch < kv_cache[0].shape[0]
+        self.head_index = Tensor(np.broadcast_to(np.arange(self.kv_heads, dtype=np.int32), (batch, self.kv_heads)))
         self.key_index = Tensor(np.arange(cache_len, dtype=np.int32))
         self.scatter = ops.ScatterNdUpdate()
 
-    def construct(self, tokens, positions, start, write_pos):
-        """tokens/positions/start: [B] (start = cache index of each row's first real prompt token);
-        write_pos: scalar cache index of this token (the same for all rows). Returns float32 logits transposed,
-        [vocab, B]."""
+    def construct(self, tokens, positions, start, write_pos, rows):
+        """tokens/positions/start/rows: [batch] (start = cache index of each sequence's first real prompt token,
+        rows = its cache row, distinct); write_pos: scalar cache index of this token (the same for all rows).
+        Returns float32 logits transposed, [vocab, batch]."""
         b = tokens.shape[0]
         hT = self._embed_t(tokens)  # [hidden, B]
         cos = ops.gather(self.cos, positions, 0)
@@ -83,40 +108,48 @@ class DecodeGraph(Qwen2Blocks):
         valid = ops.logical_and(self.key_index.reshape((1, -1)) >= start.reshape((-1, 1)),
                                 self.key_index.reshape((1, -1)) <= write_pos)
         bias = ((ops.cast(valid, ms.float32) - 1.0) * (-MASKED_SCORE)).reshape((b, 1, 1, -1))
-        slot = ops.stack((self.row_index, self.head_index, ops.broadcast_to(write_pos, self.row_index.shape)), -1)
+        row_index = ops.broadcast_to(rows.reshape((-1, 1)), self.head_index.shape)
+        slot = ops.stack((row_index, self.head_index, ops.broadcast_to(write_pos, row_index.shape)), -1)
         for i in range(self.num_layers):
             q, k, v = self._qkv(i, hT, cos, sin)
             # write this token's key/value first (the cache is read right after, in the same graph)
             k_cache = ops.depend(self.kv_cache[2 * i], self.scatter(self.kv_cache[2 * i], slot, k))
             v = v.reshape((b, self.kv_heads, self.head_dim))
             v_cache = ops.depend(self.kv_cache[2 * i + 1], self.scatter(self.kv_cache[2 * i + 1], slot, v))
+            if self.compacted:
+                k_cache, v_cache = ops.gather(k_cache, rows, 0), ops.gather(v_cache, rows, 0)
             ctx = self._attend(q.reshape((b, self.kv_heads, self.groups, self.head_dim)), k_cache, v_cache, bias)
             hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((b, self.context_width))))
         return self._logits_t(hT)
 
 
-class FusedDecodeGraph(DecodeGraph):
-    """:class:`DecodeGraph`'s math on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`: per layer, three
-    q/k/v products, one attention kernel (bias, RoPE, cache write, attention), the o_proj product, a residual
-    add + RMSNorm kernel, the three MLP products around one SwiGLU kernel, and the next residual add + RMSNorm.
-    CPU, float32, q/k/v biases (Qwen2's)."""
+class FusedDecodeGraph(Qwen2Blocks):
+    """:class:`DecodeGraph`'s math on the fused CPU kernels of :mod:`mindgrpo.ops.decode_step`, with the cache in
+    their :class:`~mindgrpo.ops.kv_store.KvStore`: per layer, three q/k/v products, one attention kernel (bias,
+    RoPE, cache write, attention over each row's valid keys), the o_proj product, a residual add + RMSNorm kernel,
+    the three MLP products around one SwiGLU kernel, and the next residual add + RMSNorm. Any ``batch`` up to the
+    store's rows, in any order of rows. CPU, float32, q/k/v biases (Qwen2's)."""
 
-    def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple):
-        super().__init__(weights, cache_len, kv_cache)
+    def __init__(self, weights: Qwen2Weights, cache_len: int, store: KvStore, batch: int):
+        super().__init__(weights, cache_len, ParameterTuple(()))
         from mindgrpo.ops.decode_step import decode_step_ops  # noqa: PLC0415  (compiles the kernels once)
 
         # one attribute per op: GRAPH mode does not read a NamedTuple's fields
-        self.attention_op, self.rms_norm_op, self.add_rms_norm_op, self.silu_mul_op = decode_step_ops()
+        kernels = decode_step_ops()
+        self.attention_op, self.rms_norm_op = kernels.attention, kernels.rms_norm
+        self.add_rms_norm_op, self.silu_mul_op = kernels.add_rms_norm, kernels.silu_mul
         self.eps_tensor = Tensor([self.eps], ms.float32)
+        self.store_keys = store.layer_keys()
 
-    def construct(self, tokens, positions, start, write_pos):
+    def construct(self, tokens, positions, start, write_pos, rows):
+        """As :meth:`DecodeGraph.construct`."""
         hT = self._embed_t(tokens)  # [hidden, B]
         x = self.rms_norm_op(hT, self._w(0, self.f_norm1), self.eps_tensor)
         for i in range(self.num_layers):
             ctx = self.attention_op(ops.matmul(self._w(i, self.f_wq), x), ops.matmul(self._w(i, self.f_wk), x),
                                     ops.matmul(self._w(i, self.f_wv), x), self._w(i, self.f_bq),
                                     self._w(i, self.f_bk), self._w(i, self.f_bv), self.cos, self.sin, positions,
-                                    start, write_pos, self.kv_cache[2 * i], self.kv_cache[2 * i + 1])  # [hidden, B]
+                                    start, write_pos, rows, self.store_keys[i])  # [hidden, B]
             hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_wo), ctx)),
                                          self._w(i, self.f_norm2), self.eps_tensor)
             up = self.silu_mul_op(ops.matmul(self._w(i, self.f_w1), x), ops.matmul(self._w(i, self.f_w3), x))

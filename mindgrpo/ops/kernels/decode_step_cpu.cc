@@ -11,25 +11,34 @@
 //   AddRmsNormT(x[H,B], delta[H,B], weight[H], eps[1]) -> (x + delta [H,B], RmsNormT(x + delta))
 //   SiluMul(gate[I,B], up[I,B]) -> silu(gate) * up                                   (the SwiGLU product)
 //   DecodeAttention(q_t[Hq*D,B], k_t[KV*D,B], v_t[KV*D,B], bq[Hq*D], bk[KV*D], bv[KV*D],
-//                   cos[P,D], sin[P,D], positions[B] i32, start[B] i32, write_pos[] or [1] i32,
-//                   k_cache[B,KV,L,D], v_cache[B,KV,L,D]) -> ctx_t[Hq*D,B]
+//                   cos[P,D], sin[P,D], positions[B] i32, start[B] i32, write_pos[] or [1] i32, rows[B] i32,
+//                   cache[2] i64) -> ctx_t[Hq*D,B]
+//       K, V    = the keys and values of layer cache[1] in store cache[0] (kv_store.h), [C, KV, L, D] each
+//       r       = rows[b]                     (the cache row of column b, C >= B; -1: none, ctx_t[:, b] = 0)
 //       q, k, v = q_t[:, b] + bq, k_t[:, b] + bk, v_t[:, b] + bv
 //       q, k    = rope(q, positions[b]), rope(k, positions[b])          (rotate-half RoPE, tables [P, D])
-//       k_cache[b, g, w] = k;  v_cache[b, g, w] = v                     (w = write_pos, the same for every row)
-//       ctx_t[h*D:(h+1)*D, b] = softmax(q_h . k_cache[b, g, start[b]..w] / sqrt(D)) @ v_cache[b, g, start[b]..w]
+//       K[r, g, w] = k;  V[r, g, w] = v                                 (w = write_pos, the same for every row)
+//       ctx_t[h*D:(h+1)*D, b] = softmax(q_h . K[r, g, start[b]..w] / sqrt(D)) @ V[r, g, start[b]..w]
 //     with query head h reading KV head g = h / (Hq / KV): attention over each row's valid keys only, where the
-//     plain ops mask the whole cache.
+//     plain ops mask the whole cache. `rows` lets a compacted batch (the live sequences of a chunk, B < C) decode
+//     in the chunk's cache without moving it; the rows must be distinct (each column writes its row). Columns
+//     without a row fill a batch beyond its live sequences at no cost.
+//   KvStoreWrite(k[P,S,KV,D], v[P,S,KV,D], rows[C] i32, cache[2] i64) -> done[1]
+//       K[r, :, 0..S-1] = k[rows[r]] (as [KV, S, D]), the same for V     (the prompt pass: prompt rows[r] forked
+//                                                                          to cache row r; done is set to 1)
 //
-// DecodeAttention writes the caches IN PLACE: MindSpore hands AOT kernels the Parameters' own buffers, and the
-// decode graph reads the caches only through this kernel, so each write is seen by the later steps (the engine's
-// tests compare many steps' logits with the plain-ops graph and with a full forward).
+// The caches live in a store the kernels own (kv_store.h), not in MindSpore tensors: only the positions written
+// take memory. A kernel reads the store only through these ops, and graph runs are sequential, so each write is
+// seen by the later steps (the engine's tests compare many steps' logits with the plain-ops graph and a full
+// forward). The extern "C" functions at the end create, release, read and destroy stores (through ctypes).
 //
 // Entry points follow MindSpore's AOT ABI:
 //   int f(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream, void *extra)
 // where params holds the inputs then the outputs. All floats are float32. A non-zero return makes MindSpore raise:
-// 1 wrong number of tensors, 2 a cache is not 4-D or the caches differ, 3 q/k/v or x/delta shapes, 4 bias or weight
-// shapes, 5 cos/sin shapes, 6 positions/start shapes, 7 dtypes, 8 output shapes, 9 write_pos, start or a position
-// outside the cache or the tables.
+// 1 wrong number of tensors, 2 no such store or layer, or a shape that does not match the store's, 3 q/k/v or
+// x/delta shapes, 4 bias or weight shapes, 5 cos/sin shapes, 6 positions/start/rows shapes, 7 dtypes, 8 output
+// shapes, 9 write_pos, start or a position outside the cache or the tables, 10 a row outside the cache or used twice
+// (KvStoreWrite: a prompt index outside k).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -37,20 +46,20 @@
 #include <vector>
 
 #include "kernel_common.h"
+#include "kv_store.h"
 
 namespace {
 
 using mindgrpo::all_float32;
 using mindgrpo::is_float32;
+using mindgrpo::KvStore;
 using mindgrpo::numel;
 using mindgrpo::vexp;
 
 constexpr int kAttentionInputs = 13;
 
-
-
 struct Dims {
-  int64_t B, H, KV, L, D;
+  int64_t B, H, KV, L, D;  // B: columns decoded this step (the caches may hold more rows)
 };
 
 // Rotate-half RoPE of x[D] at one position (cos/sin rows of the tables) times `scale`, into out[D].
@@ -105,10 +114,11 @@ inline __attribute__((always_inline)) void attend_group(int64_t head_dim, int64_
   }
 }
 
-// One sequence (row b): write its new key/value into the caches, then attend for every query head.
+// One sequence (column b, cache rows k_row/v_row [KV, L, D]): write its new key/value into them, then attend for
+// every query head.
 MINDGRPO_CLONES void decode_row(const Dims &n, int64_t b, const float *q_t, const float *k_t, const float *v_t,
                                 const float *bq, const float *bk, const float *bv, const float *cos_row,
-                                const float *sin_row, int64_t start, int64_t w, float *k_cache, float *v_cache,
+                                const float *sin_row, int64_t start, int64_t w, float *k_row, float *v_row,
                                 float *ctx_t, float *scratch) {
   const int64_t B = n.B, D = n.D, L = n.L, groups = n.H / n.KV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -117,8 +127,8 @@ MINDGRPO_CLONES void decode_row(const Dims &n, int64_t b, const float *q_t, cons
   float *acc = q + groups * D;        // [groups][D] their attention outputs
   float *p = acc + groups * D;        // [groups][L] scores, then probabilities
   for (int64_t g = 0; g < n.KV; ++g) {
-    float *k_head = k_cache + (b * n.KV + g) * L * D;
-    float *v_head = v_cache + (b * n.KV + g) * L * D;
+    float *k_head = k_row + g * L * D;
+    float *v_head = v_row + g * L * D;
     for (int64_t d = 0; d < D; ++d) x[d] = k_t[(g * D + d) * B + b] + bk[g * D + d];
     rope(x, cos_row, sin_row, D, 1.0f, k_head + w * D);
     for (int64_t d = 0; d < D; ++d) v_head[w * D + d] = v_t[(g * D + d) * B + b] + bv[g * D + d];
@@ -182,6 +192,15 @@ MINDGRPO_CLONES void silu_mul(const float *gate, const float *up, int64_t n, flo
   for (int64_t i = 0; i < n; ++i) out[i] = gate[i] / (1.0f + vexp(-gate[i])) * up[i];
 }
 
+// The store and layer a cache[2] i64 input (store id, layer) names, or null.
+const KvStore *find_layer(int ndim, const int64_t *shape, const void *data, int64_t *layer) {
+  if (numel(ndim, shape) != 2) return nullptr;
+  const auto *key = static_cast<const int64_t *>(data);
+  const KvStore *store = mindgrpo::find_store(key[0]);
+  *layer = key[1];
+  return store != nullptr && *layer >= 0 && *layer < store->layers ? store : nullptr;
+}
+
 }  // namespace
 
 extern "C" int RmsNormT(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes, void *stream,
@@ -237,13 +256,17 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
   (void)stream;
   (void)extra;
   if (nparam != kAttentionInputs + 1) return 1;
-  if (ndims[11] != 4 || ndims[12] != 4) return 2;
-  for (int i = 0; i < 4; ++i) {
-    if (shapes[11][i] != shapes[12][i]) return 2;
+  for (int i = 0; i < kAttentionInputs + 1; ++i) {
+    const char *expected = i == 12 ? "int64" : i >= 8 && i <= 11 ? "int32" : nullptr;
+    if (expected ? std::strcmp(dtypes[i], expected) != 0 : !is_float32(dtypes[i])) return 7;
   }
-  Dims n{shapes[11][0], 0, shapes[11][1], shapes[11][2], shapes[11][3]};
-  if (n.B <= 0 || n.KV <= 0 || n.L <= 0 || n.D <= 0) return 2;
-  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || shapes[0][1] != n.B || shapes[0][0] % n.D != 0) return 3;
+  int64_t layer;
+  const KvStore *store = find_layer(ndims[12], shapes[12], params[12], &layer);
+  if (store == nullptr) return 2;
+  Dims n{0, 0, store->kv, store->len, store->dim};
+  if (ndims[0] != 2 || ndims[1] != 2 || ndims[2] != 2 || shapes[0][0] % n.D != 0) return 3;
+  n.B = shapes[0][1];
+  if (n.B <= 0 || n.B > store->rows) return 3;
   n.H = shapes[0][0] / n.D;
   if (n.D % 2 != 0 || n.H % n.KV != 0) return 3;
   for (int i = 1; i <= 2; ++i) {
@@ -258,12 +281,10 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
   }
   const int64_t table_len = shapes[6][0];
   if (shapes[7][0] != table_len) return 5;
-  if (numel(ndims[8], shapes[8]) != n.B || numel(ndims[9], shapes[9]) != n.B) return 6;
-  if (numel(ndims[10], shapes[10]) != 1) return 9;
-  for (int i = 0; i < kAttentionInputs + 1; ++i) {
-    const bool int_input = i >= 8 && i <= 10;
-    if (int_input ? std::strcmp(dtypes[i], "int32") != 0 : !is_float32(dtypes[i])) return 7;
+  for (int i = 8; i <= 11; ++i) {
+    if (i != 10 && numel(ndims[i], shapes[i]) != n.B) return 6;
   }
+  if (numel(ndims[10], shapes[10]) != 1) return 9;
   if (ndims[13] != 2 || shapes[13][0] != n.H * n.D || shapes[13][1] != n.B) return 8;
 
   const auto *q_t = static_cast<const float *>(params[0]);
@@ -277,18 +298,112 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
   const auto *positions = static_cast<const int32_t *>(params[8]);
   const auto *start = static_cast<const int32_t *>(params[9]);
   const int64_t w = *static_cast<const int32_t *>(params[10]);
-  auto *k_cache = static_cast<float *>(params[11]);
-  auto *v_cache = static_cast<float *>(params[12]);
+  const auto *rows = static_cast<const int32_t *>(params[11]);
   auto *ctx_t = static_cast<float *>(params[13]);
   if (w < 0 || w >= n.L) return 9;
   for (int64_t b = 0; b < n.B; ++b) {
     if (start[b] < 0 || start[b] > w || positions[b] < 0 || positions[b] >= table_len) return 9;
   }
+  std::vector<bool> taken(store->rows, false);
+  for (int64_t b = 0; b < n.B; ++b) {
+    if (rows[b] == -1) continue;
+    if (rows[b] < 0 || rows[b] >= store->rows || taken[rows[b]]) return 10;
+    taken[rows[b]] = true;
+  }
   const int64_t groups = n.H / n.KV;
   std::vector<float> scratch(n.D + 2 * groups * n.D + groups * n.L);
   for (int64_t b = 0; b < n.B; ++b) {
-    decode_row(n, b, q_t, k_t, v_t, bq, bk, bv, cos + positions[b] * n.D, sin + positions[b] * n.D,
-               start[b], w, k_cache, v_cache, ctx_t, scratch.data());
+    if (rows[b] == -1) {
+      for (int64_t i = 0; i < n.H * n.D; ++i) ctx_t[i * n.B + b] = 0.0f;
+      continue;
+    }
+    decode_row(n, b, q_t, k_t, v_t, bq, bk, bv, cos + positions[b] * n.D, sin + positions[b] * n.D, start[b], w,
+               store->row(layer, 0, rows[b]), store->row(layer, 1, rows[b]), ctx_t, scratch.data());
   }
+  return 0;
+}
+
+extern "C" int KvStoreWrite(int nparam, void **params, int *ndims, int64_t **shapes, const char **dtypes,
+                            void *stream, void *extra) {
+  (void)stream;
+  (void)extra;
+  if (nparam != 5) return 1;
+  if (!is_float32(dtypes[0]) || !is_float32(dtypes[1]) || std::strcmp(dtypes[2], "int32") != 0 ||
+      std::strcmp(dtypes[3], "int64") != 0 || !is_float32(dtypes[4])) {
+    return 7;
+  }
+  int64_t layer;
+  const KvStore *store = find_layer(ndims[3], shapes[3], params[3], &layer);
+  if (store == nullptr) return 2;
+  if (ndims[0] != 4 || !same_shape(ndims, shapes, 0, 1)) return 3;
+  const int64_t P = shapes[0][0], S = shapes[0][1], KV = store->kv, L = store->len, D = store->dim;
+  if (shapes[0][2] != KV || shapes[0][3] != D || S > L) return 2;
+  if (numel(ndims[2], shapes[2]) != store->rows) return 6;
+  if (numel(ndims[4], shapes[4]) != 1) return 8;
+  const auto *rows = static_cast<const int32_t *>(params[2]);
+  for (int64_t r = 0; r < store->rows; ++r) {
+    if (rows[r] < 0 || rows[r] >= P) return 10;
+  }
+  for (int kind = 0; kind < 2; ++kind) {
+    const auto *src = static_cast<const float *>(params[kind]);
+    for (int64_t r = 0; r < store->rows; ++r) {
+      float *dst = store->row(layer, kind, r);
+      for (int64_t g = 0; g < KV; ++g) {
+        for (int64_t s = 0; s < S; ++s) {
+          std::memcpy(dst + (g * L + s) * D, src + ((rows[r] * S + s) * KV + g) * D, D * sizeof(float));
+        }
+      }
+    }
+  }
+  *static_cast<float *>(params[4]) = 1.0f;
+  return 0;
+}
+
+// Store management, called from Python through ctypes (mindgrpo/ops/kv_store.py). Each returns 0, or 2 for an
+// unknown store (KvStoreCreate: 1 when the memory cannot be mapped).
+
+extern "C" int KvStoreCreate(int64_t rows, int64_t kv, int64_t len, int64_t dim, int64_t layers, int64_t *id) {
+  auto *store = new KvStore(rows, kv, len, dim, layers);
+  if (!store->ok()) {
+    delete store;
+    return 1;
+  }
+  static int64_t next_id = 1;
+  std::lock_guard<std::mutex> lock(mindgrpo::store_mutex());
+  *id = next_id++;
+  mindgrpo::stores()[*id] = store;
+  return 0;
+}
+
+// Give back the pages of `count` rows (every row when `rows` is null) of every layer.
+extern "C" int KvStoreRelease(int64_t id, const int32_t *rows, int64_t count) {
+  const KvStore *store = mindgrpo::find_store(id);
+  if (store == nullptr) return 2;
+  if (rows == nullptr) {
+    store->release_all();
+  } else {
+    store->release_rows(rows, count);
+  }
+  return 0;
+}
+
+// Copy layer `layer`'s keys and values into k, v [rows, KV, L, D] (to inspect a cache).
+extern "C" int KvStoreRead(int64_t id, int64_t layer, float *k, float *v) {
+  const KvStore *store = mindgrpo::find_store(id);
+  if (store == nullptr || layer < 0 || layer >= store->layers) return 2;
+  const int64_t row_floats = store->kv * store->len * store->dim;
+  for (int64_t r = 0; r < store->rows; ++r) {
+    std::memcpy(k + r * row_floats, store->row(layer, 0, r), row_floats * sizeof(float));
+    std::memcpy(v + r * row_floats, store->row(layer, 1, r), row_floats * sizeof(float));
+  }
+  return 0;
+}
+
+extern "C" int KvStoreDestroy(int64_t id) {
+  std::lock_guard<std::mutex> lock(mindgrpo::store_mutex());
+  auto it = mindgrpo::stores().find(id);
+  if (it == mindgrpo::stores().end()) return 2;
+  delete it->second;
+  mindgrpo::stores().erase(it);
   return 0;
 }

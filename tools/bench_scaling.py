@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""The scaling table: mindgrpo against TRL from 64 to 1,024 new tokens, full and ragged lengths, in one command.
+
+    python tools/bench_scaling.py --vs-trl /path/to/trlenv/bin/python        # about 50 minutes on 2 cores
+
+Grid: tiny at 64, 256, 512 and 1,024 new tokens and `small` at 64, 256 and 512, each with every completion at the
+limit (`full`) and with long-tailed lengths (`ragged`: median about a quarter of the limit, the top 10 % at it);
+see tools/bench_grpo.py for the settings and tools/length_mix.py for the model copies (calibrated on first use,
+then cached in `--model-cache`). Each setting runs one mindgrpo and one TRL process (`--repeats` each), alternating
+which goes first from setting to setting; `STEPS` gives each setting's steps and warm-up steps, fewer at the longer
+lengths, so the grid fits in an hour on this 2-core machine. On a machine shared with other work, `--idle-wait 20`
+makes each process wait (up to 20 minutes) until the CPUs are idle: TRL's OpenMP threads slow down many times over
+when other processes compete for the cores, far more than mindgrpo's, so a table measured under load overstates
+the ratios. The table shows the share of the CPUs that other processes used during each run.
+
+Outputs, in `--out` (default docs/scaling):
+    scaling.md    the table below, with the machine, its load and the command
+    scaling.json  every run's JSON line and every comparison, per setting, with its wall time
+    scaling.png   tokens/s against new tokens, one panel per size: both frameworks, full (solid) and ragged (dashed)
+
+Table columns: seconds per step and tokens/s of each framework, their ratio (and the setting's target), the share of
+each of mindgrpo's phases (rollout / reference / update / other) and of TRL's generate call, peak RSS of each (and
+the ratio), the completion lengths each sampled (median / p90 / share at the limit) and mindgrpo's model FLOP
+utilisation per phase. `--from-json scaling.json` writes the table and the plot again without running anything.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import bench_grpo
+from benchlib import REPO
+
+GRID = [("tiny", 64), ("tiny", 256), ("tiny", 512), ("tiny", 1024), ("small", 64), ("small", 256), ("small", 512)]
+MIXES = ("full", "ragged")
+# (steps, warm-up steps) per (size, new tokens): one warm-up step, then as many counted steps as the budget allows.
+STEPS = {("tiny", 64): (6, 2), ("tiny", 256): (4, 1), ("tiny", 512): (3, 1), ("tiny", 1024): (3, 1),
+         ("small", 64): (4, 1), ("small", 256): (3, 1), ("small", 512): (3, 1)}
+DEFAULT_OUT = REPO / "docs" / "scaling"
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _lengths(run: Dict) -> str:
+    stats = run.get("lengths") or {}
+    return f"{stats['median']:g} / {stats['p90']:g} / {stats['at_limit']:.0%}" if stats else "-"
+
+
+def _load(run: Dict) -> str:
+    others = run.get("others_cpu_share")
+    return ("" if others is None else f"{others:.0%}, ") + f"load {run.get('load_average', float('nan')):.1f}"
+
+
+def table_rows(settings: List[Dict]) -> List[List[str]]:
+    rows = []
+    for s in settings:
+        ours, peer, cmp_ = s["runs"]["mindgrpo"], s["runs"]["trl"], s.get("comparison") or {}
+        o = bench_grpo.summary(ours) if ours else {}
+        p = bench_grpo.summary(peer) if peer else {}
+
+        def num(d: Dict, key: str, fmt: str) -> str:
+            return format(d[key], fmt) if d.get(key) is not None else "-"
+
+        ratio = cmp_.get("tokens_per_sec_ratio")
+        mark = "" if ratio is None else (" ok" if ratio >= cmp_["target_tokens_per_sec_ratio"] else " **below**")
+        shares = (" / ".join(f"{o[f'share_{k}']:.0%}" for k in ("rollout", "reference", "update", "other"))
+                  if o else "-")
+        mfu = " / ".join(f"{v:.0%}" for v in o["mfu_phases"].values()) if o.get("mfu_phases") else "-"
+        rss_ratio = cmp_.get("peak_rss_mib_ratio")
+        rows.append([
+            s["size"], str(s["max_new_tokens"]), s["length_mix"],
+            num(o, "sec_per_step", ".2f"), num(p, "sec_per_step", ".2f"),
+            num(o, "tokens_per_sec", ",.0f"), num(p, "tokens_per_sec", ",.0f"),
+            "-" if ratio is None else f"**{ratio:.2f}x** ({cmp_['target_tokens_per_sec_ratio']:g}x{mark})",
+            shares, "-" if p.get("gen_fraction") is None else f"{p['gen_fraction']:.0%}",
+            f"{num(o, 'peak_rss_mib', ',.0f')} / {num(p, 'peak_rss_mib', ',.0f')}"
+            + ("" if rss_ratio is None else f" ({rss_ratio:.2f}x)"),
+            _lengths(ours[0]) if ours else "-", _lengths(peer[0]) if peer else "-", mfu,
+            f"{s['steps'] - s['warmup']} x {len(ours)} / {len(peer)}",
+            " / ".join(_load(r) for r in ours + peer)])
+    return rows
+
+
+HEADER = ["size", "new tokens", "mix", "s/step mindgrpo", "s/step TRL", "tokens/s mindgrpo", "tokens/s TRL",
+          "tokens/s ratio (target)", "mindgrpo rollout / ref / update / other", "TRL generate",
+          "peak RSS MiB mindgrpo / TRL", "lengths mindgrpo (median / p90 / at limit)", "lengths TRL",
+          "mindgrpo MFU rollout / ref / update", "counted steps x runs (mindgrpo / TRL)",
+          "other processes' CPU share during / 1-min load after each run (mindgrpo / TRL)"]
+
+
+def markdown(report: Dict) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(row) + " |" for row in table_rows(report["settings"])]
+    notes = [f"Command: `{report['command']}`; code: {report.get('code', 'unknown')}"
+             + (f"; {report['note']}" if report.get("note") else ""),
+             f"Machine: {report['machine']}; load before / after: "
+             f"{report['load_before']} / {report.get('load_after', '-')}; "
+             f"{report.get('seconds', 0) / 60:.0f} minutes" + ("" if report.get("complete") else " (incomplete)"),
+             "Lengths are completion tokens including EOS (median / 90th percentile / share at the limit) over the "
+             "counted steps of the first run. MFU: model FLOPs of the tokens actually sampled against the "
+             f"machine's measured float32 matmul peak ({report.get('matmul_peak_gflops', '-')} GFLOP/s)."]
+    return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
+
+
+def plot(report: Dict, path: Path) -> Path:
+    """tokens/s against new tokens, one panel per size (matplotlib's object-oriented API, no pyplot)."""
+    from matplotlib.figure import Figure
+
+    from mindgrpo.plotting import save_figure
+
+    sizes = list(dict.fromkeys(s["size"] for s in report["settings"]))
+    fig = Figure(figsize=(5.2 * len(sizes), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(sizes), squeeze=False)[0]
+    colors = {"mindgrpo": "tab:blue", "trl": "tab:orange"}
+    for ax, size in zip(axes, sizes):
+        for framework, label in (("mindgrpo", "mindgrpo"), ("trl", "TRL")):
+            for mix, style, marker in (("full", "-", "o"), ("ragged", "--", "s")):
+                points = sorted((s["max_new_tokens"], bench_grpo.summary(s["runs"][framework])["tokens_per_sec"])
+                                for s in report["settings"] if s["size"] == size and s["length_mix"] == mix
+                                and s["runs"][framework])
+                if points:
+                    ax.plot(*zip(*points), style, marker=marker, color=colors[framework], label=f"{label}, {mix}",
+                            markerfacecolor="white" if mix == "ragged" else colors[framework])
+        ax.set_xscale("log", base=2)
+        ticks = sorted({s["max_new_tokens"] for s in report["settings"] if s["size"] == size})
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("max new tokens")
+        ax.set_ylabel("tokens/s (prompt + completion)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{size}: 4 prompts x 8 completions per step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def write_outputs(report: Dict, out: Path) -> None:
+    _write_atomic(out / "scaling.json", json.dumps(report, indent=1))
+    _write_atomic(out / "scaling.md", markdown(report))
+    if any(s["runs"]["mindgrpo"] or s["runs"]["trl"] for s in report["settings"]):
+        plot(report, out / "scaling.png")
+
+
+# ----------------------------------------------------------------------------------------------- run
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def code_version() -> str:
+    """The measured checkout's commit, and whether it had local changes (read-only git calls)."""
+    def git(*cmd: str) -> str:
+        done = subprocess.run(["git", "-C", str(REPO), *cmd], capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD")
+    return f"{commit}{' with local changes' if git('status', '--porcelain') else ''}" if commit else "unknown"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for scaling.md/.json/.png (%(default)s)")
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
+    parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
+    parser.add_argument("--from-json", metavar="SCALING_JSON", help="only write the table and plot of a past run")
+    parser.add_argument("--note", default="", help="a line for the table's notes (what code was measured, say)")
+    parser.add_argument("--steps", type=int, nargs=2, metavar=("STEPS", "WARMUP"),
+                        help="the same steps and warm-up steps for every setting instead of STEPS (quick looks)")
+    bench_grpo.add_run_options(parser)
+    args = parser.parse_args()
+    out = Path(args.out)
+    if args.from_json:
+        report = json.loads(Path(args.from_json).read_text())
+        write_outputs(report, out)
+        print(markdown(report))
+        return 0
+    if not bench_grpo.check_inputs(args.vs_trl):
+        return 2
+    grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes]
+    start = time.perf_counter()
+    report = {"command": " ".join(["python", "tools/bench_scaling.py"] + sys.argv[1:]), "machine": machine(),
+              "code": code_version(), "note": args.note,
+              "load_before": [round(x, 2) for x in os.getloadavg()], "settings": [], "complete": False}
+    for size, tokens, mix in grid:  # calibrate every model copy first, so the timings below exclude it
+        bench_grpo.setting_model(size, mix, tokens, Path(args.model_cache))
+    report["calibration_s"] = round(time.perf_counter() - start, 1)
+    print(f"model copies ready in {report['calibration_s']} s", flush=True)
+    failed = False
+    with tempfile.TemporaryDirectory(prefix="bench_scaling_") as tmp:
+        for i, (size, tokens, mix) in enumerate(grid):
+            setting_args = copy.copy(args)
+            setting_args.steps, setting_args.warmup = args.steps or STEPS[(size, tokens)]
+            began = time.perf_counter()
+            result = bench_grpo.compare(size, tokens, mix, setting_args, Path(tmp), trl_first=i % 2 == 1)
+            failed |= not result["runs"]["mindgrpo"] or bool(args.vs_trl and not result["runs"]["trl"])
+            ours = result["runs"]["mindgrpo"]
+            if ours and not report.get("matmul_peak_gflops"):
+                report["matmul_peak_gflops"] = ours[0]["matmul_peak_gflops"]
+            report["settings"].append({"size": size, "max_new_tokens": tokens, "length_mix": mix,
+                                       "steps": setting_args.steps, "warmup": setting_args.warmup,
+                                       "wall_s": round(time.perf_counter() - began, 1), **result})
+            report["seconds"] = round(time.perf_counter() - start, 1)
+            write_outputs(report, out)
+    report.update(complete=True, load_after=[round(x, 2) for x in os.getloadavg()])
+    write_outputs(report, out)
+    print(markdown(report), flush=True)
+    print(f"wrote {out / 'scaling.md'}, {out / 'scaling.json'}, {out / 'scaling.png'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
