@@ -18,7 +18,10 @@ adds up what one rank holds at its peak, in bytes:
   ``ref_config.compute_dtype``: ``bytes(dtype) n``.
 * **kv_cache**: the native rollout engine's K and V per layer, kept between steps:
   ``2 L B kv_l (P + round_up(T, 32)) d c`` with ``B = infer_model_batch_size``, ``kv_l`` the rank's KV heads,
-  ``c`` the actor's compute-dtype bytes. With ``generate_config.backend: vllm`` it is vLLM's whole pool (its own
+  ``c`` the actor's compute-dtype bytes. On ``cpu`` with ``generate_config.decode_impl: fused`` the cache is the
+  fused kernels' store (:mod:`mindgrpo.ops.kv_store`): outside MindSpore, resident only as far as the live rows
+  have grown and given back after each rollout chunk, so it is transient, alive only while training activations
+  are not: that formula is its upper bound, and the total counts the larger of it and the training transient. With ``generate_config.backend: vllm`` it is vLLM's whole pool (its own
   weights and KV cache) of ``gpu_memory_utilization x device memory``: vLLM sizes it from the device, beside what
   the training side already holds (mindgrpo does not offload training state during rollouts).
 * **activations**: the peak of one training micro-batch's forward + backward, or of a no-grad scoring forward
@@ -312,8 +315,17 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
              "runtime": runtime_bytes(device, data_parallel=data_parallel, model_parallel=model_parallel)}
     used = parts["activations_recompute" if actor.recompute else "activations"]
     transient = used + parts["update"] if device == "cpu" else max(used, parts["update"])
-    parts["total"] = sum(parts[k] for k in RESIDENT) + transient
+    if _kv_cache_is_transient(config, device):  # the rollout's store is given back before training runs
+        parts["total"] = sum(parts[k] for k in RESIDENT if k != "kv_cache") + max(transient, parts["kv_cache"])
+    else:
+        parts["total"] = sum(parts[k] for k in RESIDENT) + transient
     return parts
+
+
+def _kv_cache_is_transient(config, device: str) -> bool:
+    """The fused CPU decode kernels' KV store is released after every rollout chunk (see the module docstring)."""
+    gen = config.generate_config
+    return device == "cpu" and gen.backend == "native" and gen.decode_impl == "fused"
 
 
 def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_parallel: int, device: str) -> str:

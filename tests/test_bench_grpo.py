@@ -106,8 +106,8 @@ def test_copies_are_cached_and_rebuilt_when_the_recipe_changes(tiny_model_dir, g
     weights = full_copy() / "model.safetensors"
     written = weights.stat().st_mtime_ns
     assert full_copy() / "model.safetensors" == weights and weights.stat().st_mtime_ns == written
-    monkeypatch.setattr(length_mix, "RECIPE", length_mix.RECIPE + 1)
-    assert json.loads((full_copy() / "length_mix.json").read_text())["recipe"] == length_mix.RECIPE
+    monkeypatch.setattr(length_mix, "RECIPE", {**length_mix.RECIPE, "full": length_mix.RECIPE["full"] + 1})
+    assert json.loads((full_copy() / "length_mix.json").read_text())["recipe"] == length_mix.RECIPE["full"]
     assert weights.stat().st_mtime_ns != written and not list(tmp_path.glob(".*partial*"))
 
 

@@ -200,3 +200,24 @@ def test_doctor_explains_a_layout_that_cannot_fit(model_7b):
     assert doctor.build_parser().parse_args(["--device-memory", "65536MB"]).device_memory == 64 * GiB
     with pytest.raises(SystemExit):
         doctor.build_parser().parse_args(["--device-memory", "lots"])
+
+
+def test_fused_cpu_kv_store_is_transient_and_the_plain_cache_resident(model_7b):
+    """The fused CPU decode kernels give their KV store back after each rollout chunk, so on cpu it is alive only
+    while the training transient is not: the total counts the larger of the two. The plain decode graph's cache,
+    and every cache on Ascend, stays resident beside the training state."""
+    def parts(device, impl):
+        return layout_bytes(config_7b(model_7b, f"generate_config.decode_impl={impl}", "actor_config.recompute=true",
+                                      "generate_config.backend=native"),
+                            QWEN2_5_7B, data_parallel=4, model_parallel=2, device=device)
+
+    fused, plain = parts("cpu", "fused"), parts("cpu", "plain")
+    assert fused["kv_cache"] == plain["kv_cache"] > 0
+    resident = sum(plain[k] for k in ("weights", "gradients", "optimizer", "reference", "runtime"))
+    transient = plain["activations_recompute"] + plain["update"]  # cpu: the sum of the two
+    assert plain["total"] == resident + plain["kv_cache"] + transient
+    assert fused["total"] == resident + max(plain["kv_cache"], transient) < plain["total"]
+    ascend = parts("ascend", "fused")  # the fused kernels are CPU kernels: on Ascend the cache stays resident
+    assert ascend["total"] - ascend["kv_cache"] == sum(
+        ascend[k] for k in ("weights", "gradients", "optimizer", "reference", "runtime")) + max(
+        ascend["activations_recompute"], ascend["update"])

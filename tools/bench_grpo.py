@@ -75,6 +75,7 @@ PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
 MAX_PROMPT_LENGTH = 256  # 3 of 7,473 prompts are longer
 MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the module docstring)
 PROMPT_BUCKET = 64
+PACKED_ROWS = 8  # packed training rows of `--max-new-tokens` per forward (0: padded micro-batches)
 MODEL_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"
 
 
@@ -90,7 +91,7 @@ def target(size: str, new_tokens: int, mix: str) -> float:
 # ----------------------------------------------------------------------------------------------- mindgrpo run
 def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
                  micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused",
-                 new_tokens: int = NEW_TOKENS):
+                 new_tokens: int = NEW_TOKENS, packed_rows: int = PACKED_ROWS):
     """The peer's settings as a mindgrpo config."""
     from mindgrpo.config import GRPOConfig, validate
 
@@ -105,6 +106,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     rl.save_ckpt_interval, rl.save_prompt_completions_data = 0, False
     actor = config.actor_config
     actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", micro_batch
+    actor.max_tokens_per_micro_batch = packed_rows * new_tokens if share_prompt else 0  # packing needs it
     actor.optimizer.weight_decay, actor.optimizer.max_grad_norm = 0.0, 1.0  # TRL's AdamW defaults
     actor.lr_schedule.type, actor.lr_schedule.learning_rate = "linear", 1e-5  # TRL: linear decay from 1e-5
     actor.lr_schedule.warmup_steps = 0
@@ -162,7 +164,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     peak = matmul_peak_gflops()
     config = bench_config(model_dir, convert_gsm8k(work / "gsm8k_train.mindrecord"), work / f"run_{size}",
                           args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
-                          args.decode_impl, args.max_new_tokens)
+                          args.decode_impl, args.max_new_tokens, args.packed_rows)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -192,7 +194,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         "framework": "mindgrpo", "size": size, "model": model_dir.name, "max_new_tokens": args.max_new_tokens,
         "length_mix": args.length_mix, "share_prompt": not args.no_share_prompt,
         "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl,
-        "micro_batch": args.micro_batch,
+        "micro_batch": args.micro_batch, "max_tokens_per_micro_batch": config.actor_config.max_tokens_per_micro_batch,
         "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
         "batch": PROMPTS * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
         "sec_per_step": round(statistics.median(s["seconds"] for s in counted), 4),
@@ -292,7 +294,7 @@ def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work
     ours_cmd = [sys.executable, __file__, "--worker", size, "--model-dir", str(model_dir), "--work-dir", str(work),
                 "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-new-tokens", str(new_tokens),
                 "--length-mix", mix, "--micro-batch", str(args.micro_batch), "--prompt-bucket",
-                str(args.prompt_bucket), "--decode-impl", args.decode_impl]
+                str(args.prompt_bucket), "--decode-impl", args.decode_impl, "--packed-rows", str(args.packed_rows)]
     ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
     ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
     peer_cmd = None
@@ -347,6 +349,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-share-prompt", action="store_true", help="score every completion's prompt again")
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
                         help="completions per training forward/backward (actor_config.micro_batch_size)")
+    parser.add_argument("--packed-rows", type=int, default=PACKED_ROWS,
+                        help="actor_config.max_tokens_per_micro_batch = this x --max-new-tokens: packed training "
+                             "forwards of this many rows (default %(default)s; 0: padded micro-batches of "
+                             "--micro-batch)")
     parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
     parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
                         help="generate_config.decode_impl (the rollout's decode-step kernels)")

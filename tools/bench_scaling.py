@@ -30,6 +30,7 @@ import copy
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -103,6 +104,11 @@ HEADER = ["size", "new tokens", "mix", "s/step mindgrpo", "s/step TRL", "tokens/
           "other processes' CPU share during / 1-min load after each run (mindgrpo / TRL)"]
 
 
+def _process_minutes(report: Dict) -> float:
+    """Minutes spent running benchmark processes (the rest: calibration, waiting for idle CPUs)."""
+    return sum(r.get("process_s", 0) for s in report["settings"] for runs in s["runs"].values() for r in runs) / 60
+
+
 def markdown(report: Dict) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(report["settings"])]
@@ -110,7 +116,8 @@ def markdown(report: Dict) -> str:
              + (f"; {report['note']}" if report.get("note") else ""),
              f"Machine: {report['machine']}; load before / after: "
              f"{report['load_before']} / {report.get('load_after', '-')}; "
-             f"{report.get('seconds', 0) / 60:.0f} minutes" + ("" if report.get("complete") else " (incomplete)"),
+             f"{report.get('seconds', 0) / 60:.0f} minutes, of which {_process_minutes(report):.0f} in benchmark "
+             "processes" + ("" if report.get("complete") else " (incomplete)"),
              "Lengths are completion tokens including EOS (median / 90th percentile / share at the limit) over the "
              "counted steps of the first run. MFU: model FLOPs of the tokens actually sampled against the "
              f"machine's measured float32 matmul peak ({report.get('matmul_peak_gflops', '-')} GFLOP/s)."]
@@ -162,6 +169,17 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
+def resumable(path: Path, args: argparse.Namespace) -> Dict[tuple, Dict]:
+    """The finished settings of an earlier run in `path`, keyed by (size, new tokens, mix, steps, warm-up)."""
+    if not path.exists():
+        return {}
+    done = {}
+    for s in json.loads(path.read_text())["settings"]:
+        if s["runs"]["mindgrpo"] and (s["runs"]["trl"] or not args.vs_trl):
+            done[(s["size"], s["max_new_tokens"], s["length_mix"], s["steps"], s["warmup"])] = s
+    return done
+
+
 def code_version() -> str:
     """The measured checkout's commit, and whether it had local changes (read-only git calls)."""
     def git(*cmd: str) -> str:
@@ -179,6 +197,8 @@ def main() -> int:
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
     parser.add_argument("--from-json", metavar="SCALING_JSON", help="only write the table and plot of a past run")
     parser.add_argument("--note", default="", help="a line for the table's notes (what code was measured, say)")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep the settings an interrupted run already wrote to --out/scaling.json")
     parser.add_argument("--steps", type=int, nargs=2, metavar=("STEPS", "WARMUP"),
                         help="the same steps and warm-up steps for every setting instead of STEPS (quick looks)")
     bench_grpo.add_run_options(parser)
@@ -193,18 +213,25 @@ def main() -> int:
         return 2
     grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes]
     start = time.perf_counter()
-    report = {"command": " ".join(["python", "tools/bench_scaling.py"] + sys.argv[1:]), "machine": machine(),
+    report = {"command": shlex.join(["python", "tools/bench_scaling.py"] + sys.argv[1:]), "machine": machine(),
               "code": code_version(), "note": args.note,
               "load_before": [round(x, 2) for x in os.getloadavg()], "settings": [], "complete": False}
     for size, tokens, mix in grid:  # calibrate every model copy first, so the timings below exclude it
         bench_grpo.setting_model(size, mix, tokens, Path(args.model_cache))
     report["calibration_s"] = round(time.perf_counter() - start, 1)
     print(f"model copies ready in {report['calibration_s']} s", flush=True)
+    done = resumable(out / "scaling.json", args) if args.resume else {}
+    if done:
+        report.update(resumed_seconds=sum(s["wall_s"] for s in done.values()),
+                      load_before=json.loads((out / "scaling.json").read_text())["load_before"])
     failed = False
     with tempfile.TemporaryDirectory(prefix="bench_scaling_") as tmp:
         for i, (size, tokens, mix) in enumerate(grid):
             setting_args = copy.copy(args)
             setting_args.steps, setting_args.warmup = args.steps or STEPS[(size, tokens)]
+            if (size, tokens, mix, setting_args.steps, setting_args.warmup) in done:
+                report["settings"].append(done[(size, tokens, mix, setting_args.steps, setting_args.warmup)])
+                continue
             began = time.perf_counter()
             result = bench_grpo.compare(size, tokens, mix, setting_args, Path(tmp), trl_first=i % 2 == 1)
             failed |= not result["runs"]["mindgrpo"] or bool(args.vs_trl and not result["runs"]["trl"])
@@ -214,7 +241,7 @@ def main() -> int:
             report["settings"].append({"size": size, "max_new_tokens": tokens, "length_mix": mix,
                                        "steps": setting_args.steps, "warmup": setting_args.warmup,
                                        "wall_s": round(time.perf_counter() - began, 1), **result})
-            report["seconds"] = round(time.perf_counter() - start, 1)
+            report["seconds"] = round(time.perf_counter() - start + report.get("resumed_seconds", 0), 1)
             write_outputs(report, out)
     report.update(complete=True, load_after=[round(x, 2) for x in os.getloadavg()])
     write_outputs(report, out)
