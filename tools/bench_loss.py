@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from benchlib import copy_bandwidth
 import mindgrpo  # noqa: F401  (must precede MindSpore: configures logging)
 import mindspore as ms
 from mindspore import Tensor
@@ -31,18 +32,6 @@ from mindspore import Tensor
 from mindgrpo.algorithm import LossSettings, grpo_loss
 
 ARRAYS_MOVED = 7  # forward reads 4 [B, T] arrays and writes 1, backward reads 1 and writes 1
-
-
-def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 15) -> float:
-    """Bytes per second of a large numpy copy (counting the read and the write)."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    return 2 * nbytes / statistics.median(times)
 
 
 def make_inputs(batch: int, length: int, seed: int = 0) -> tuple[Tensor, ...]:

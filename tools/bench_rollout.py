@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from benchlib import EOS, FIXTURE, PAD, peak_rss_mib, write_small_model
+from benchlib import EOS, FIXTURE, PAD, copy_bandwidth, matmul_peak_gflops, peak_rss_mib, write_small_model
 from benchlib import GSM8K_TRAIN as GSM8K
 
 TARGET_NATIVE_OVER_HF = 2.0
@@ -110,23 +110,48 @@ def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: 
                                   **options)
     params = SamplingParams(max_tokens=max_tokens, min_tokens=0 if stops else max_tokens, temperature=1.0, n=n,
                             seed=0, stop_token_ids=stops)
-    details = (lambda: native_loop_split(engine, prompts, params)) if backend.startswith("native") else dict
+    hf = json.loads((Path(model_dir) / "config.json").read_text())
+    details = (lambda: native_loop_split(engine, prompts, params, hf)) if backend.startswith("native") else dict
     return (lambda: engine.generate(prompts, params).completion_mask.sum(1)), details
 
 
-def native_loop_split(engine, prompts: List[List[int]], params) -> Dict[str, float]:
+def decode_limits(hf: Dict, prompt_lengths: List[int], completion_lengths: List[int]) -> Dict[str, float]:
+    """The bytes a rollout's decoding steps must read and the FLOPs they must compute, for the tokens sampled.
+
+    A decoding step (one per generated token after the first; the prefill's logits give the first) reads every
+    float32 weight of the decoder layers and the vocabulary projection once, whatever its batch, and each live row's
+    K and V cache up to its position; it multiplies each live row by those weights and attends over that cache.
+    Padding and finished rows are not counted: these are the least work the step needs, so time / (bytes /
+    bandwidth) says how close the decoding runs to reading memory at full speed, and time / (FLOPs / peak) how
+    close to the matmul peak."""
+    h, layers, vocab = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
+    kv = hf.get("num_key_value_heads", hf["num_attention_heads"]) * h // hf["num_attention_heads"]
+    layer_weights = 2 * h * h + 2 * h * kv + 3 * h * hf["intermediate_size"]
+    steps = max(completion_lengths) - 1  # decoding steps of the batch (finished rows leave it)
+    context = sum(p * (c - 1) + (c - 1) * c // 2 for p, c in zip(prompt_lengths, completion_lengths) if c > 1)
+    weight_bytes = 4 * (layers * layer_weights + vocab * h)
+    kv_bytes = 4 * 2 * layers * kv * context  # K and V of every (row, step) pair's positions
+    tokens = sum(max(c - 1, 0) for c in completion_lengths)
+    flops = 2 * tokens * (layers * layer_weights + vocab * h) + 4 * layers * h * context
+    return {"bytes": steps * weight_bytes + kv_bytes, "kv_share_of_bytes": kv_bytes / (steps * weight_bytes + kv_bytes),
+            "flops": flops, "steps": steps}
+
+
+def native_loop_split(engine, prompts: List[List[int]], params, hf: Dict) -> Dict[str, float]:
     """Split one more native rollout into time inside the compiled graphs and time on the host (sampling, the
     Python decode loop, tensor transfers), per decoding step, and count the decode columns computed (the batch of
-    every decode step: compaction shrinks it as rows end)."""
+    every decode step: compaction shrinks it as rows end). Then put the decoding graphs' time against this
+    machine's limits, measured now (:func:`decode_limits`): the memory-copy bandwidth and the matmul peak."""
     bucket = engine.bucket_for([p for p in prompts for _ in range(params.n)], params.max_tokens)
-    in_graphs, steps, columns = [0.0], [0], [0]
+    in_graphs = {"prefill": 0.0, "decode": 0.0}
+    steps, columns = [0], [0]
 
     def timed(cell, batch=0):
         def call(*args):
             start = time.perf_counter()
             out = cell(*args)
             out.asnumpy()  # wait for the graph to finish
-            in_graphs[0] += time.perf_counter() - start
+            in_graphs["decode" if batch else "prefill"] += time.perf_counter() - start
             steps[0] += batch > 0
             columns[0] += batch
             return out
@@ -135,12 +160,22 @@ def native_loop_split(engine, prompts: List[List[int]], params) -> Dict[str, flo
     bucket.prefill = timed(bucket.prefill)
     bucket.decode = {batch: timed(graph, batch) for batch, graph in bucket.decode.items()}
     start = time.perf_counter()
-    engine.generate(prompts, params)
+    out = engine.generate(prompts, params)
     total = time.perf_counter() - start
+    graphs = sum(in_graphs.values())
     per_step = 1e3 / (steps[0] + 1)  # the prefill's logits give the first token
-    return {"graph_ms_per_step": round(in_graphs[0] * per_step, 2),
-            "host_ms_per_step": round((total - in_graphs[0]) * per_step, 2),
-            "decode_steps": steps[0], "decode_columns": columns[0]}
+    limits = decode_limits(hf, [len(p) for p in prompts for _ in range(params.n)],
+                           out.completion_mask.sum(1).tolist())
+    bandwidth, peak = copy_bandwidth(), matmul_peak_gflops()["peak_gflops"]
+    return {"graph_ms_per_step": round(graphs * per_step, 2),
+            "host_ms_per_step": round((total - graphs) * per_step, 2),
+            "decode_steps": steps[0], "decode_columns": columns[0],
+            "decode_graph_s": round(in_graphs["decode"], 3), "copy_bandwidth_gb_s": round(bandwidth / 1e9, 2),
+            "matmul_peak_gflops": peak,
+            "decode_memory_bound_s": round(limits["bytes"] / bandwidth, 3),
+            "decode_of_memory_bound": round(limits["bytes"] / bandwidth / in_graphs["decode"], 3),
+            "decode_kv_share_of_bytes": round(limits["kv_share_of_bytes"], 3),
+            "decode_mfu": round(limits["flops"] / 1e9 / peak / in_graphs["decode"], 3)}
 
 
 def hf_rollout(model_dir: str, prompts: List[List[int]], n: int, max_tokens: int, stops: List[int],
@@ -328,6 +363,13 @@ def main() -> int:
                           f"{results[name]['host_ms_per_step']} ms on the host (sampling, loop, transfers); "
                           f"{results[name]['decode_steps']} decode steps, {results[name]['decode_columns']} "
                           f"decode columns")
+                    r = results[name]
+                    print(f"  {name} decoding against its limits: {r['decode_graph_s']} s in the decode graphs; "
+                          f"reading the weights and live KV cache once per step at the copy bandwidth "
+                          f"({r['copy_bandwidth_gb_s']} GB/s) takes {r['decode_memory_bound_s']} s "
+                          f"({r['decode_of_memory_bound']:.0%} of the bound; KV cache {r['decode_kv_share_of_bytes']:.0%} "
+                          f"of the bytes), model FLOP utilisation {r['decode_mfu']:.0%} of "
+                          f"{r['matmul_peak_gflops']} GFLOP/s")
             for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("native-plain", None), ("mindformers", None)):
                 if native and results.get(other):
                     ratio = native["tokens_per_s"] / results[other]["tokens_per_s"]

@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks in tools/: reference paths, the `small` model, peak RSS, the matmul peak."""
+"""Shared pieces of the benchmarks in tools/: reference paths, the `small` model, peak RSS, the matmul peak and the
+memory-copy bandwidth."""
 from __future__ import annotations
 
 import json
@@ -140,3 +141,18 @@ def matmul_peak_gflops(size: int = 1024, seconds: float = 3.0) -> dict:
             times.append(time.perf_counter() - start)
         best[name] = round(flops / min(times) / 1e9, 1)
     return {"peak_gflops": max(best.values()), **{f"{k}_gflops": v for k, v in best.items()}}
+
+
+def copy_bandwidth(nbytes: int = 256 << 20, repeats: int = 15) -> float:
+    """Bytes per second of a large numpy copy (counting the read and the write): the memory-bandwidth bound that
+    memory-bound kernels (the fused loss, a decoding step) are quoted against."""
+    import statistics
+
+    src = np.ones(nbytes // 4, dtype=np.float32)
+    dst = np.empty_like(src)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return 2 * nbytes / statistics.median(times)
