@@ -127,6 +127,37 @@ def test_attention_decodes_the_cache_rows_it_is_given(library):
         np.testing.assert_array_equal(after[untouched], before[untouched])
 
 
+CHILD = """
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import test_decode_kernels as t
+case, *_ = t.attention_case(t.ctypes.CDLL(str(t.build.build_cpu_kernel(t.build.DECODE_STEP_SOURCE))),
+                            np.random.default_rng(7), 8, 2, 64, batch=5, cache_len=300, table_len=320)
+ctx_t = np.zeros((8 * 64, 5), np.float32)
+assert t.AotKernel(t.ctypes.CDLL(str(t.build.build_cpu_kernel(t.build.DECODE_STEP_SOURCE))),
+                   "DecodeAttention")(*case.values(), ctx_t) == 0
+np.save(sys.argv[2], ctx_t)
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", "3"])
+def test_attention_is_the_same_on_any_number_of_threads(library, tmp_path, threads):
+    """The row loop runs on MINDGRPO_DECODE_THREADS threads (by default every processor): each row's arithmetic is
+    the same on any thread, so the result is bit-identical to this process's default."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    case, *_ = attention_case(library, np.random.default_rng(7), 8, 2, 64, batch=5, cache_len=300, table_len=320)
+    ctx_t = np.zeros((8 * 64, 5), np.float32)
+    assert AotKernel(library, "DecodeAttention")(*case.values(), ctx_t) == 0
+    out = tmp_path / "ctx.npy"
+    subprocess.run([sys.executable, "-c", CHILD, str(Path(__file__).parent), str(out)], check=True, timeout=300,
+                   env={**os.environ, "MINDGRPO_DECODE_THREADS": threads})
+    np.testing.assert_array_equal(np.load(out), ctx_t)
+
+
 def test_store_write_forks_prompts_and_memory_follows_what_is_written(library):
     """KvStoreWrite copies prompt rows[r]'s S positions into cache row r and nothing beyond; a store takes memory
     only where written, and release_rows / release give it back (the rows then read as zeros)."""

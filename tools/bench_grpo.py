@@ -75,7 +75,8 @@ PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
 MAX_PROMPT_LENGTH = 256  # 3 of 7,473 prompts are longer
 MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the module docstring)
 PROMPT_BUCKET = 64
-PACKED_ROWS = 8  # packed training rows of `--max-new-tokens` per forward (0: padded micro-batches)
+PACKED_ROWS = 8  # packed training rows of `--max-new-tokens` per forward (0: padded micro-batches) ...
+PACKED_TOKENS = 4096  # ... holding at most this many tokens (4 rows at 1,024: the forwards' memory stays level)
 MODEL_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"
 
 
@@ -106,7 +107,8 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     rl.save_ckpt_interval, rl.save_prompt_completions_data = 0, False
     actor = config.actor_config
     actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", micro_batch
-    actor.max_tokens_per_micro_batch = packed_rows * new_tokens if share_prompt else 0  # packing needs it
+    rows = min(packed_rows, max(1, PACKED_TOKENS // new_tokens))
+    actor.max_tokens_per_micro_batch = rows * new_tokens if share_prompt else 0  # packing needs the shared prompt
     actor.optimizer.weight_decay, actor.optimizer.max_grad_norm = 0.0, 1.0  # TRL's AdamW defaults
     actor.lr_schedule.type, actor.lr_schedule.learning_rate = "linear", 1e-5  # TRL: linear decay from 1e-5
     actor.lr_schedule.warmup_steps = 0
@@ -350,9 +352,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batch", type=int, default=MICRO_BATCH,
                         help="completions per training forward/backward (actor_config.micro_batch_size)")
     parser.add_argument("--packed-rows", type=int, default=PACKED_ROWS,
-                        help="actor_config.max_tokens_per_micro_batch = this x --max-new-tokens: packed training "
-                             "forwards of this many rows (default %(default)s; 0: padded micro-batches of "
-                             "--micro-batch)")
+                        help="packed training forwards of this many rows of --max-new-tokens, at most "
+                             f"{PACKED_TOKENS} tokens (actor_config.max_tokens_per_micro_batch; default "
+                             "%(default)s; 0: padded micro-batches of --micro-batch)")
     parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
     parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
                         help="generate_config.decode_impl (the rollout's decode-step kernels)")

@@ -43,7 +43,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <cstdlib>
 #include <vector>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "kernel_common.h"
 #include "kv_store.h"
@@ -57,6 +61,23 @@ using mindgrpo::numel;
 using mindgrpo::vexp;
 
 constexpr int kAttentionInputs = 13;
+
+// Threads of the attention's row loop: MINDGRPO_DECODE_THREADS, by default every processor, at most one per row.
+// Rows are independent and each row's arithmetic is the same on any thread, so the result does not depend on it.
+// The attention reads each live row's KV cache once per step and is most of a small model's decoding step (tiny at
+// 512 tokens: 2 threads decode 1.39x faster on 2 cores; `small`, where the weight products dominate: 1.01x).
+int decode_threads(int64_t rows) {
+#ifdef _OPENMP
+  static const int requested = [] {
+    const char *env = std::getenv("MINDGRPO_DECODE_THREADS");
+    return env ? std::max(1, std::atoi(env)) : std::max(1, omp_get_num_procs());
+  }();
+  return static_cast<int>(std::min<int64_t>(requested, std::max<int64_t>(rows, 1)));
+#else
+  (void)rows;
+  return 1;
+#endif
+}
 
 struct Dims {
   int64_t B, H, KV, L, D;  // B: columns decoded this step (the caches may hold more rows)
@@ -311,14 +332,22 @@ extern "C" int DecodeAttention(int nparam, void **params, int *ndims, int64_t **
     taken[rows[b]] = true;
   }
   const int64_t groups = n.H / n.KV;
-  std::vector<float> scratch(n.D + 2 * groups * n.D + groups * n.L);
+  const int64_t per_thread = n.D + 2 * groups * n.D + groups * n.L;
+  const int threads = decode_threads(n.B);
+  std::vector<float> scratch(per_thread * threads);
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
   for (int64_t b = 0; b < n.B; ++b) {
     if (rows[b] == -1) {
       for (int64_t i = 0; i < n.H * n.D; ++i) ctx_t[i * n.B + b] = 0.0f;
       continue;
     }
+#ifdef _OPENMP
+    float *mine = scratch.data() + per_thread * omp_get_thread_num();
+#else
+    float *mine = scratch.data();
+#endif
     decode_row(n, b, q_t, k_t, v_t, bq, bk, bv, cos + positions[b] * n.D, sin + positions[b] * n.D, start[b], w,
-               store->row(layer, 0, rows[b]), store->row(layer, 1, rows[b]), ctx_t, scratch.data());
+               store->row(layer, 0, rows[b]), store->row(layer, 1, rows[b]), ctx_t, mine);
   }
   return 0;
 }
