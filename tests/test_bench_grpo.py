@@ -112,18 +112,19 @@ def test_copies_are_cached_and_rebuilt_when_the_recipe_changes(tiny_model_dir, g
 
 
 def test_scaling_table_and_plot_from_a_report(tmp_path):
-    def run(framework, tokens_per_sec, median):
+    def run(framework, tokens_per_sec, median, peak=0.0):
         common = {"framework": framework, "sec_per_step": 2.0, "tokens_per_sec": tokens_per_sec,
                   "peak_rss_mib": 1000.0, "lengths": {"median": median, "p90": 64, "at_limit": 0.12}}
         if framework == "trl":
             return {**common, "gen_fraction": 0.7}
         return {**common, "share_rollout": 0.4, "share_reference": 0.1, "share_update": 0.45, "share_other": 0.05,
-                "mfu_phases": {"rollout": 0.1, "reference": 0.3, "update": 0.25}}
+                "mfu_phases": {"rollout": 0.2, "reference": 0.3, "update": 0.4}, "matmul_peak_gflops": peak}
 
     settings = []
     for tokens in (64, 256):
         for mix in ("full", "ragged"):
-            ours, peer = run("mindgrpo", 3000.0, 17), run("trl", 1000.0, 15)
+            # the 64-token runs measured half the peak the 256-token ones did: their MFU is quoted against the higher
+            ours, peer = run("mindgrpo", 3000.0, 17, 100.0 if tokens == 64 else 200.0), run("trl", 1000.0, 15)
             settings.append({"size": "tiny", "max_new_tokens": tokens, "length_mix": mix, "steps": 4, "warmup": 1,
                              "runs": {"mindgrpo": [ours], "trl": [peer]},
                              "comparison": {"tokens_per_sec_ratio": 3.0, "peak_rss_mib_ratio": 1.0,
@@ -136,6 +137,8 @@ def test_scaling_table_and_plot_from_a_report(tmp_path):
                     "--out", str(out)], check=True, capture_output=True)
     table = (out / "scaling.md").read_text()
     assert table.count("\n| tiny |") == 4 and "**3.00x** (2x ok)" in table and "17 / 64 / 12%" in table
+    assert table.count("| 10% / 15% / 20% |") == 2 and table.count("| 20% / 30% / 40% |") == 2
+    assert "(200.0 GFLOP/s" in table
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

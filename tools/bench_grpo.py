@@ -5,9 +5,11 @@ Settings (those of ../shared/peer/trl_grpo_bench.py): 4 GSM8K train prompts x 8 
 `--max-new-tokens` new tokens (64 by default), the `gsm8k_hash` prompt (a ChatML user turn ending 'Let's think step
 by step and output the final answer after "####".'), temperature 1.0 (no top-k, no top-p), beta 0.04, learning rate
 1e-5, num_iterations 1, loss_type dapo (TRL's default), fp32, reward 1 when the last `#### N` equals the gold answer.
-The optimizer step is TRL's (one per 32 completions, loss normalised over all of them); mindgrpo computes it in two
-micro-batches of two groups (`--micro-batch 16`), which halves the training step's activation memory for a few
-percent of step time. Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
+The optimizer step is TRL's (one per 32 completions, loss normalised over all of them); mindgrpo computes it in
+packed forwards (`actor_config.max_tokens_per_micro_batch`, `--packed-rows`): the completions end to end without
+their padding, in rows of `--max-new-tokens` tokens, 8 rows (at most 4,096 tokens) per forward, so the number of
+forwards follows the tokens sampled and their memory stays level as the limit grows. `--packed-rows 0` gives
+padded micro-batches of `--micro-batch` completions (16: two groups) instead. Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
 8 heads, 2 KV heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2.
 
 Length mix (`--length-mix`, see tools/length_mix.py). Both frameworks load the same untied copy of the model whose

@@ -67,8 +67,17 @@ def _load(run: Dict) -> str:
     return ("" if others is None else f"{others:.0%}, ") + f"load {run.get('load_average', float('nan')):.1f}"
 
 
+def table_peak(settings: List[Dict]) -> float:
+    """The highest float32 matmul peak any mindgrpo run of the table measured. Each run measures the peak for a
+    second or two as it starts, and a short measurement can come out low (it varied from 180 to 390 GFLOP/s over
+    one table), which would overstate that run's MFU: every MFU in the table is quoted against this one peak."""
+    peaks = [r["matmul_peak_gflops"] for s in settings for r in s["runs"]["mindgrpo"] if r.get("matmul_peak_gflops")]
+    return max(peaks, default=0.0)
+
+
 def table_rows(settings: List[Dict]) -> List[List[str]]:
     rows = []
+    peak = table_peak(settings)
     for s in settings:
         ours, peer, cmp_ = s["runs"]["mindgrpo"], s["runs"]["trl"], s.get("comparison") or {}
         o = bench_grpo.summary(ours) if ours else {}
@@ -81,7 +90,10 @@ def table_rows(settings: List[Dict]) -> List[List[str]]:
         mark = "" if ratio is None else (" ok" if ratio >= cmp_["target_tokens_per_sec_ratio"] else " **below**")
         shares = (" / ".join(f"{o[f'share_{k}']:.0%}" for k in ("rollout", "reference", "update", "other"))
                   if o else "-")
-        mfu = " / ".join(f"{v:.0%}" for v in o["mfu_phases"].values()) if o.get("mfu_phases") else "-"
+        mfu = "-"
+        if ours and ours[0].get("mfu_phases") and peak:  # the first run's, against the table's peak
+            mfu = " / ".join(f"{v * ours[0]['matmul_peak_gflops'] / peak:.0%}"
+                             for v in ours[0]["mfu_phases"].values())
         rss_ratio = cmp_.get("peak_rss_mib_ratio")
         rows.append([
             s["size"], str(s["max_new_tokens"]), s["length_mix"],
@@ -120,7 +132,8 @@ def markdown(report: Dict) -> str:
              "processes" + ("" if report.get("complete") else " (incomplete)"),
              "Lengths are completion tokens including EOS (median / 90th percentile / share at the limit) over the "
              "counted steps of the first run. MFU: model FLOPs of the tokens actually sampled against the "
-             f"machine's measured float32 matmul peak ({report.get('matmul_peak_gflops', '-')} GFLOP/s)."]
+             f"highest float32 matmul peak measured in any run of the table ({table_peak(report['settings'])} "
+             "GFLOP/s; see table_peak)."]
     return "\n".join(lines) + "\n\n" + "\n\n".join(notes) + "\n"
 
 
@@ -235,9 +248,6 @@ def main() -> int:
             began = time.perf_counter()
             result = bench_grpo.compare(size, tokens, mix, setting_args, Path(tmp), trl_first=i % 2 == 1)
             failed |= not result["runs"]["mindgrpo"] or bool(args.vs_trl and not result["runs"]["trl"])
-            ours = result["runs"]["mindgrpo"]
-            if ours and not report.get("matmul_peak_gflops"):
-                report["matmul_peak_gflops"] = ours[0]["matmul_peak_gflops"]
             report["settings"].append({"size": size, "max_new_tokens": tokens, "length_mix": mix,
                                        "steps": setting_args.steps, "warmup": setting_args.warmup,
                                        "wall_s": round(time.perf_counter() - began, 1), **result})
