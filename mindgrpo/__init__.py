@@ -12,11 +12,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "GRPOConfig": ("mindgrpo.config", "GRPOConfig"),
     "load_config": ("mindgrpo.config", "load_config"),
-    "GRPOTrainer": ("mindgrpo.trainer", "GRPOTrainer"),
+    "GRPOTrainer": ("mindgrpo.train.trainer", "GRPOTrainer"),
     "RewardScorer": ("mindgrpo.rewards", "RewardScorer"),
-    "MetricsLogger": ("mindgrpo.metrics", "MetricsLogger"),
-    "read_metrics": ("mindgrpo.metrics", "read_metrics"),
-    "evaluate": ("mindgrpo.evaluation", "evaluate"),
+    "MetricsLogger": ("mindgrpo.train.metrics", "MetricsLogger"),
+    "read_metrics": ("mindgrpo.train.metrics", "read_metrics"),
+    "evaluate": ("mindgrpo.apps.evaluation", "evaluate"),
 }
 __all__ = sorted(_LAZY)
 

@@ -13,13 +13,13 @@ from typing import Optional, Sequence
 
 
 def _doctor(argv: Sequence[str]) -> int:
-    from mindgrpo.doctor import main
+    from mindgrpo.apps.doctor import main
 
     return main(argv)
 
 
 def _plan(argv: Sequence[str]) -> int:
-    from mindgrpo.plan import main
+    from mindgrpo.apps.plan import main
 
     return main(argv)
 

@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 import mindgrpo  # noqa: F401
-from mindgrpo import checkpoint, metrics
+from mindgrpo.train import checkpoint
+from mindgrpo.train import metrics
 
 PATTERN = re.compile(os.environ["MINDGRPO_KILL_AT"]) if os.environ.get("MINDGRPO_KILL_AT") else None
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.checkpoint import (CheckpointError, CheckpointManager, CheckpointWarning, load_arrays, load_json,
+from mindgrpo.train.checkpoint import (CheckpointError, CheckpointManager, CheckpointWarning, load_arrays, load_json,
                                  rng_state, save_arrays, save_json, set_rng_state)
 
 
@@ -224,7 +224,7 @@ def test_no_space_while_writing_is_a_clear_error_and_keeps_the_previous_checkpoi
     """ENOSPC (a full disk) or EFBIG (a file-size limit) from a writer, or safetensors' error text for one."""
     import errno
 
-    from mindgrpo.checkpoint import out_of_space
+    from mindgrpo.train.checkpoint import out_of_space
 
     manager = CheckpointManager(tmp_path)
     good = manager.save(1, _writers(1.0))
@@ -269,7 +269,7 @@ def test_symlinks_are_refused(tmp_path):
 _SLOW_SAVE = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from mindgrpo.checkpoint import CheckpointManager
+    from mindgrpo.train.checkpoint import CheckpointManager
 
     save_dir, marker = sys.argv[1], Path(sys.argv[2])
 

@@ -16,7 +16,7 @@ from mindgrpo import data as data_mod
 from mindgrpo.data import (PROMPT_TEMPLATES, DataError, PromptDataset, convert_dataset, index_path, read_dataset,
                            render_prompt)
 from mindgrpo.rewards import normalize_number
-from mindgrpo.tokenizer import load_tokenizer
+from mindgrpo.data.tokenizer import load_tokenizer
 
 TOOL = REPO / "tools" / "rlhf_data.py"
 # SUFFIX in ../shared/peer/trl_grpo_bench.py, copied by hand: gsm8k_hash must reproduce the peer's prompt

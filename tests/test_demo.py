@@ -13,10 +13,10 @@ import pytest
 from safetensors.numpy import load_file
 
 import mindgrpo  # noqa: F401  (before mindspore)
-from mindgrpo import demo
+from mindgrpo.apps import demo
 from mindgrpo.data import PROMPT_TEMPLATES, render_prompt
 from mindgrpo.rewards import extract_answer
-from mindgrpo.tokenizer import load_tokenizer
+from mindgrpo.data.tokenizer import load_tokenizer
 
 SHORT_STEPS = 20
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mindgrpo.metrics import read_metrics
+from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 import mindgrpo  # noqa: F401  (before mindspore)
-from mindgrpo import doctor
+from mindgrpo.apps import doctor
 from mindgrpo.__main__ import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""mindgrpo.evaluation and tools/eval_gsm8k.py: scoring of hand-made completions, maj@k voting, batching with a
+"""mindgrpo.apps.evaluation and tools/eval_gsm8k.py: scoring of hand-made completions, maj@k voting, batching with a
 fake engine, model folders (Hugging Face, run, checkpoint, step), and end-to-end runs on the tiny fixture and the
 demo model (whose greedy accuracy the demo measured independently, without a KV cache)."""
 import json
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from mindgrpo.data import DataError
-from mindgrpo.evaluation import (EvaluationError, Problem, answer_of, generate_completions, majority_vote,
+from mindgrpo.apps.evaluation import (EvaluationError, Problem, answer_of, generate_completions, majority_vote,
                                  read_problems, resolve_model, score_problems, summary_path)
 from mindgrpo.rollout import FINISH_LENGTH, FINISH_STOP, RolloutResult, SamplingParams
 
@@ -185,11 +185,11 @@ def tiny_run(tmp_path_factory):
     from conftest import shared_path
 
     import mindgrpo  # noqa: F401
-    from mindgrpo.checkpoint import CheckpointManager
+    from mindgrpo.train.checkpoint import CheckpointManager
     from mindgrpo.config import GRPOConfig, dump_yaml
     from mindgrpo.data import convert_dataset
     from mindgrpo.models import build_model, export_hf
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     tiny, gsm8k = shared_path("fixtures", "tiny-qwen2.5"), shared_path("data", "gsm8k")
     run = tmp_path_factory.mktemp("run")
@@ -245,7 +245,7 @@ def test_damaged_latest_checkpoint_falls_back(tiny_run, tmp_path):
 
 
 def test_checkpoint_without_tokenizer_names_the_flag(tiny_run, tmp_path):
-    from mindgrpo.checkpoint import CheckpointManager
+    from mindgrpo.train.checkpoint import CheckpointManager
 
     _, tiny, _ = tiny_run
     bare = CheckpointManager(tmp_path / "checkpoints").save(3, {"model": lambda d: [
@@ -259,7 +259,7 @@ def test_checkpoint_without_tokenizer_names_the_flag(tiny_run, tmp_path):
 def test_evaluate_run_folder_matches_its_weights_as_hf_folder(tiny_run, tmp_path):
     """The run's checkpoint is the fixture's weights: evaluating the run (template chatml, taken from the run) and
     the fixture with --template chatml must give the same completions."""
-    from mindgrpo.evaluation import evaluate
+    from mindgrpo.apps.evaluation import evaluate
 
     run, tiny, gsm8k = tiny_run
     settings = dict(limit=3, max_new_tokens=6, batch_size=4, progress=False)
@@ -299,10 +299,10 @@ def test_cli_end_to_end_on_tiny_fixture(tiny_model_dir, gsm8k_dir, tmp_path):
 
 
 def test_demo_greedy_accuracy_matches_the_demos_own_measurement(tmp_path):
-    """The demo measured its model's greedy test accuracy with full forwards and no KV cache (mindgrpo.demo);
+    """The demo measured its model's greedy test accuracy with full forwards and no KV cache (mindgrpo.apps.demo);
     the evaluator, through the KV-cache engine, must find the same (up to a rare near-tie flipping an argmax)."""
-    from mindgrpo import demo
-    from mindgrpo.evaluation import evaluate
+from mindgrpo.apps import demo
+    from mindgrpo.apps.evaluation import evaluate
 
     assets = demo.make_demo(demo.default_demo_dir())  # the cache examples/grpo/main.py and the notebook use
     result = evaluate(assets.model_dir, assets.test_jsonl, max_new_tokens=demo.MAX_NEW_TOKENS, batch_size=64,
@@ -313,8 +313,8 @@ def test_demo_greedy_accuracy_matches_the_demos_own_measurement(tmp_path):
 
 
 def test_import_stays_light():
-    """Scoring needs no MindSpore: importing mindgrpo.evaluation must not load it (it loads with the first model)."""
-    code = ("import sys, mindgrpo, mindgrpo.evaluation; "
-            "print('mindspore' in sys.modules, mindgrpo.evaluate is mindgrpo.evaluation.evaluate)")
+    """Scoring needs no MindSpore: importing mindgrpo.apps.evaluation must not load it (it loads with the first model)."""
+    code = ("import sys, mindgrpo, mindgrpo.apps.evaluation; "
+            "print('mindspore' in sys.modules, mindgrpo.evaluate is mindgrpo.apps.evaluation.evaluate)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.stdout.strip() == "False True", done.stdout + done.stderr

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import REPO, small_run_config
 from mindgrpo.config import GRPOConfig, dump_yaml
-from mindgrpo.metrics import read_metrics
+from mindgrpo.train.metrics import read_metrics
 
 TESTS = Path(__file__).resolve().parent
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")])}
@@ -29,7 +29,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("
 
 def convert_rows(demo, out: Path, rows: int) -> Path:
     from mindgrpo.data import convert_dataset
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     src = out.with_suffix(".jsonl")
     src.write_text("".join(demo.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:rows]),
@@ -137,7 +137,7 @@ def test_resume_at_an_epoch_boundary_runs_every_epoch_in_the_same_order(tmp_path
     """verl#7401: a resume at an epoch boundary skipped the next epoch and exited 0. Two epochs of 4 steps,
     stopped right after the checkpoint at the boundary (step 4) and resumed: the same 8 steps, the same prompts in
     the same order and the same final weights as the run that was not interrupted."""
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     data = convert_rows(demo_plain, tmp_path / "eight.mindrecord", 8)
 
@@ -175,7 +175,7 @@ def test_resume_at_an_epoch_boundary_runs_every_epoch_in_the_same_order(tmp_path
 @pytest.fixture(scope="module")
 def four_step_run(tmp_path_factory, prompts, demo_plain):
     """A finished 4-step run with checkpoints at steps 2 and 4."""
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     out = tmp_path_factory.mktemp("four") / "run"
     GRPOTrainer(make_config(out, prompts, demo_plain.model_dir, max_steps=4)).train()
@@ -197,9 +197,9 @@ def _flip_a_byte(path: Path) -> None:
 @pytest.mark.parametrize("damage,reason", [(_truncate, "size mismatch"), (_flip_a_byte, "sha256 mismatch")])
 def test_resume_skips_a_torn_or_corrupted_checkpoint_for_the_previous_one(tmp_path, four_step_run, prompts,
                                                                           demo_plain, damage, reason):
-    from mindgrpo.checkpoint import CheckpointWarning
+    from mindgrpo.train.checkpoint import CheckpointWarning
     from mindgrpo.models import state_dict_hf
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     run = tmp_path / "run"
     shutil.copytree(four_step_run / "checkpoints", run / "checkpoints")
@@ -219,13 +219,13 @@ def test_a_second_run_on_the_same_output_folder_is_refused(tmp_path, prompts, de
     holder. Once the holder is gone (SIGKILL: its lock file is left behind), the next run takes the folder over."""
     import runpy
 
-    import mindgrpo.policy
-    from mindgrpo.run_lock import LOCK_NAME, RunLockError
-    from mindgrpo.trainer import GRPOTrainer
+    import mindgrpo.train.policy
+    from mindgrpo.train.run_lock import LOCK_NAME, RunLockError
+    from mindgrpo.train.trainer import GRPOTrainer
 
     out = tmp_path / "run"
     holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
-        from mindgrpo.run_lock import lock_output_dir
+        from mindgrpo.train.run_lock import lock_output_dir
         lock_output_dir({str(out)!r})
         print("locked", flush=True)
         import time; time.sleep(600)""")], stdout=subprocess.PIPE, text=True, env=ENV)
@@ -233,7 +233,7 @@ def test_a_second_run_on_the_same_output_folder_is_refused(tmp_path, prompts, de
         assert holder.stdout.readline().strip() == "locked"
         cfg = make_config(out, prompts, demo_plain.model_dir, max_steps=1)
         built = []
-        monkeypatch.setattr(mindgrpo.policy, "Policy", lambda *a, **k: built.append(1))
+        monkeypatch.setattr(mindgrpo.train.policy, "Policy", lambda *a, **k: built.append(1))
         with pytest.raises(RunLockError, match=rf"output_dir = {out} is in use by process {holder.pid} on "):
             GRPOTrainer(cfg)
         assert not built  # refused before the model was built
@@ -256,9 +256,9 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, promp
     grpo/skipped_updates, the weights stay those of the last good update (finite), and the third bad step in a
     row (rl_config.max_skipped_updates = 2) stops the run with a clear error; the newest checkpoint is good."""
     import toy_verifiers
-    from mindgrpo.checkpoint import CheckpointManager
+    from mindgrpo.train.checkpoint import CheckpointManager
     from mindgrpo.models import state_dict_hf
-    from mindgrpo.trainer import GRPOTrainer, TrainingError
+    from mindgrpo.train.trainer import GRPOTrainer, TrainingError
 
     out = tmp_path / "run"
     cfg = make_config(out, prompts, demo_plain.model_dir, max_steps=12, max_skipped_updates=2, scale_rewards="none")
@@ -290,7 +290,7 @@ DISK_FULL = """
 import json, resource, signal, sys
 import mindgrpo
 from mindgrpo.config import load_config
-from mindgrpo.trainer import GRPOTrainer
+from mindgrpo.train.trainer import GRPOTrainer
 
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit then fail with EFBIG, as on a full disk
 trainer = GRPOTrainer(load_config(sys.argv[1]))
@@ -318,7 +318,7 @@ def test_disk_full_while_writing_a_checkpoint_or_metrics(tmp_path, prompts, demo
     checkpoint save fails with an error naming the disk and the folder, leaves no build folder, and the previous
     checkpoint still verifies; a metrics line that does not fit is rolled back, so metrics.jsonl stays valid JSON
     line by line."""
-    from mindgrpo.checkpoint import CheckpointManager
+    from mindgrpo.train.checkpoint import CheckpointManager
 
     out = tmp_path / "run"
     cfg_path = write_yaml(tmp_path / "c.yaml", make_config(out, prompts, demo_plain.model_dir, max_steps=10))
@@ -352,17 +352,17 @@ def _copy_model(demo, dest: Path) -> Path:
 @pytest.fixture
 def no_model_build(monkeypatch):
     """Fail the test if the trainer gets as far as building the policy (loading weights, compiling)."""
-    import mindgrpo.policy
+    import mindgrpo.train.policy
 
     def refuse(*args, **kwargs):
         raise AssertionError("the trainer built the policy before refusing its inputs")
-    monkeypatch.setattr(mindgrpo.policy, "Policy", refuse)
+    monkeypatch.setattr(mindgrpo.train.policy, "Policy", refuse)
 
 
 def test_mindrecord_made_with_another_tokenizer_is_refused(tmp_path, prompts, demo_plain, no_model_build):
     """Same size, two token ids swapped: the prompts would silently mean other words."""
     from mindgrpo.data import DataError
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     other = _copy_model(demo_plain, tmp_path / "other")
     spec = json.loads((other / "tokenizer.json").read_text(encoding="utf-8"))
@@ -377,7 +377,7 @@ def test_mindrecord_made_with_another_tokenizer_is_refused(tmp_path, prompts, de
 
 def test_prompts_longer_than_max_prompt_length_are_refused(tmp_path, prompts, demo_plain, no_model_build):
     from mindgrpo.data import DataError
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     cfg = make_config(tmp_path / "run", prompts, demo_plain.model_dir, max_prompt_length=40)
     with pytest.raises(DataError, match=r"converted with --max_prompt_length 64 and holds a prompt of 47 tokens, "
@@ -388,7 +388,7 @@ def test_prompts_longer_than_max_prompt_length_are_refused(tmp_path, prompts, de
 def test_model_whose_vocabulary_does_not_fit_the_tokenizer_is_refused(tmp_path, prompts, demo_plain,
                                                                       no_model_build):
     from mindgrpo.data import DataError
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     small = _copy_model(demo_plain, tmp_path / "small")
     config = json.loads((small / "config.json").read_text(encoding="utf-8"))
@@ -402,7 +402,7 @@ def test_model_whose_vocabulary_does_not_fit_the_tokenizer_is_refused(tmp_path, 
 
 def test_empty_or_too_small_dataset_is_refused(tmp_path, demo_plain, no_model_build, capsys):
     from mindgrpo.data import DataError
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     one = convert_rows(demo_plain, tmp_path / "one.mindrecord", 1)
     cfg = make_config(tmp_path / "run", one, demo_plain.model_dir)
@@ -452,7 +452,7 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
         import mindgrpo
         from mindgrpo.config import load_config
         from mindgrpo.models import state_dict_hf
-        from mindgrpo.trainer import GRPOTrainer
+        from mindgrpo.train.trainer import GRPOTrainer
         trainer = GRPOTrainer(load_config({str(cfg_path)!r}))
         trainer.train()
         np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.policy.actor))
@@ -492,9 +492,9 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_res
     does not hang in its next collective. About 30 s later MindSpore's scheduler declares rank 1 timed out and
     rank 0 ends, by SIGTERM or with a failed collective ("Launch kernel failed, name:Default/AllReduce", "The
     state of the cluster is error"; all seen here), well within 2 minutes and never with exit code 0. Either way
-    its own log names the lost rank and its pid (mindgrpo/peers.py), as does the scheduler's by node id. Then
+    its own log names the lost rank and its pid (mindgrpo/train/peers.py), as does the scheduler's by node id. Then
     ``--resume_training`` under msrun continues from the last checkpoint: every step is logged once."""
-    from mindgrpo.checkpoint import CheckpointManager, pid_alive
+    from mindgrpo.train.checkpoint import CheckpointManager, pid_alive
 
     cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=100000,
                                      save_ckpt_interval=2), 2)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.metrics import METRIC_NAMES, MetricsLogger, read_metrics, throughput_tps
+from mindgrpo.train.metrics import METRIC_NAMES, MetricsLogger, read_metrics, throughput_tps
 
 
 def _strict_json(line: str):

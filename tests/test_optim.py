@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindgrpo.config import LRScheduleConfig, OptimizerConfig
-from mindgrpo.optim import AdamW, clip_by_global_norm, learning_rate_at
+from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
 
 
 class _Step(nn.Cell):

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.checkpoint import save_arrays
+from mindgrpo.train.checkpoint import save_arrays
 from mindgrpo.models.shard_layout import TPLayout
-from mindgrpo.optim_state import layout_record, load_resharded, owner_ranks, rank_metadata
+from mindgrpo.train.optim_state import layout_record, load_resharded, owner_ranks, rank_metadata
 
 # A one-layer Qwen2 with 4 heads of 8, hidden 32, intermediate 64, vocabulary 64 (untied).
 HIDDEN, HEAD_DIM, INTER, VOCAB = 32, 8, 64, 64
@@ -157,8 +157,8 @@ def test_optimizer_shard_is_a_no_op_without_data_parallel():
     from mindspore import Parameter, Tensor
 
     from mindgrpo.config import OptimizerConfig
-    from mindgrpo.distributed import DistInfo
-    from mindgrpo.optim import AdamW
+    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.train.optim import AdamW
 
     params = [Parameter(Tensor(np.ones(s, np.float32)), name=f"w{i}") for i, s in enumerate([(3, 2), (4,)])]
     opt = AdamW(params, OptimizerConfig(), names=["a", "b"], dist=DistInfo(), optimizer_shard=True)
@@ -173,8 +173,8 @@ def test_tp_norm_counts_each_copy_once(ms_mode):
     ranks holding it, and a replicated KV gradient comes back from its own slot unchanged."""
     from mindspore import ParameterTuple, nn
 
-    from mindgrpo.distributed import DistInfo
-    from mindgrpo.policy import ReduceAndClip
+    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.train.policy import ReduceAndClip
 
     class LoneRank(nn.Cell):
         def construct(self, x):
@@ -211,9 +211,9 @@ def ms_param(value: np.ndarray, name: str):
 def test_reduce_and_clip_without_parallelism_is_plain_clipping(ms_mode):
     from mindspore import ParameterTuple, Tensor
 
-    from mindgrpo.distributed import DistInfo
-    from mindgrpo.optim import clip_by_global_norm
-    from mindgrpo.policy import ReduceAndClip
+    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.train.optim import clip_by_global_norm
+    from mindgrpo.train.policy import ReduceAndClip
 
     rng = np.random.default_rng(2)
     grads = [rng.normal(size=s).astype(np.float32) for s in [(5, 3), (3,), (2, 4)]]
@@ -232,13 +232,13 @@ import numpy as np
 import mindgrpo
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
-from mindgrpo.checkpoint import save_arrays
+from mindgrpo.train.checkpoint import save_arrays
 from mindgrpo.config import OptimizerConfig
-from mindgrpo.distributed import init_distributed
+from mindgrpo.train.distributed import init_distributed
 from mindgrpo.models.shard_layout import TPLayout
-from mindgrpo.optim import AdamW, clip_by_global_norm
-from mindgrpo.optim_state import rank_metadata
-from mindgrpo.policy import ApplyGradients, ReduceAndClip
+from mindgrpo.train.optim import AdamW, clip_by_global_norm
+from mindgrpo.train.optim_state import rank_metadata
+from mindgrpo.train.policy import ApplyGradients, ReduceAndClip
 
 out = sys.argv[1]
 dist = init_distributed(1)  # DP = 2

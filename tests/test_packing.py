@@ -13,9 +13,9 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.config import ConfigError, GRPOConfig, validate
-from mindgrpo.distributed import DistInfo
+from mindgrpo.train.distributed import DistInfo
 from mindgrpo.models import PackedPromptForward, SharedPromptForward, build_model
-from mindgrpo.packing import completion_lengths, micro_batches, pack_rows
+from mindgrpo.train.packing import completion_lengths, micro_batches, pack_rows
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_qwen import make_tiny_qwen2  # noqa: E402
@@ -118,7 +118,7 @@ def test_packed_forward_equals_the_shared_forward(model_dir, ms_mode):
 def policy(model_dir: Path, loss_type: str, budget: int):
     """A Policy with a reference model, two passes per rollout (old log-probs) and update micro-batches of one
     group; ``budget`` 4 x W packs four rows per forward (the 8 rows of ``rollouts`` in two)."""
-    from mindgrpo.policy import Policy
+    from mindgrpo.train.policy import Policy
 
     config = GRPOConfig()
     rl = config.rl_config

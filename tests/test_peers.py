@@ -1,16 +1,16 @@
-"""mindgrpo/peers.py without MindSpore: the rank registry names a peer whose process ended, and SIGTERM raises,
+"""mindgrpo/train/peers.py without MindSpore: the rank registry names a peer whose process ended, and SIGTERM raises,
 restores the previous handler, and still ends a process that does not exit by itself."""
 import signal
 import subprocess
 import sys
 import textwrap
 
-from mindgrpo import peers
+from mindgrpo.train import peers
 
 
 def test_a_peer_whose_process_ended_is_named_and_a_live_one_is_not(tmp_path):
     peers.register(tmp_path, 0)
-    subprocess.run([sys.executable, "-c", f"from mindgrpo import peers; peers.register({str(tmp_path)!r}, 1)"],
+    subprocess.run([sys.executable, "-c", f"from mindgrpo.train import peers; peers.register({str(tmp_path)!r}, 1)"],
                    check=True)
     gone = peers.lost_peers(tmp_path, rank=0, world_size=2)
     assert [p["rank"] for p in gone] == [1]
@@ -21,7 +21,7 @@ def test_a_peer_whose_process_ended_is_named_and_a_live_one_is_not(tmp_path):
 def test_sigterm_raises_then_the_process_exits_after_the_grace(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, time
-        from mindgrpo import peers
+from mindgrpo.train import peers
         before = signal.getsignal(signal.SIGTERM)
         try:
             with peers.sigterm_raises({str(tmp_path)!r}, rank=0, world_size=2, grace=1):

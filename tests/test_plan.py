@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import mindgrpo  # noqa: F401  (before mindspore)
-from mindgrpo import doctor
+from mindgrpo.apps import doctor
 from mindgrpo.config import load_config
-from mindgrpo.plan import (HEADROOM, PlanError, activation_bytes, format_plan, kv_cache_bytes, layout_bytes,
+from mindgrpo.apps.plan import (HEADROOM, PlanError, activation_bytes, format_plan, kv_cache_bytes, layout_bytes,
                            local_parameters, local_sizes, main, model_state_bytes, parse_bytes, plan_layouts)
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""tools/plot_metrics.py and mindgrpo.plotting: PNGs from a real trainer run, overlays, gaps, bad lines, smoothing."""
+"""tools/plot_metrics.py and mindgrpo.apps.plotting: PNGs from a real trainer run, overlays, gaps, bad lines, smoothing."""
 import json
 import math
 import os
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import mindgrpo  # noqa: F401  (before mindspore)
-from mindgrpo.metrics import MetricsLogger
-from mindgrpo.plotting import MetricsFileError, load_run, load_runs, parse_smooth, plot_runs, smooth_values
+from mindgrpo.train.metrics import MetricsLogger
+from mindgrpo.apps.plotting import MetricsFileError, load_run, load_runs, parse_smooth, plot_runs, smooth_values
 
 pytest.importorskip("matplotlib")
 REPO = Path(__file__).resolve().parents[1]
@@ -37,9 +37,9 @@ def trainer_run(tmp_path_factory):
     are dull, the model is random; beta = 0 skips building the reference model, the KL is still logged as 0)."""
     from mindgrpo.config import GRPOConfig
     from mindgrpo.data import convert_dataset
-    from mindgrpo.demo import make_demo
-    from mindgrpo.tokenizer import load_tokenizer
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.apps.demo import make_demo
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     root = tmp_path_factory.mktemp("plot_run")
     assets = make_demo(root / "demo", warm_start_steps=0)
@@ -199,7 +199,7 @@ def test_smoothing():
 
 
 def test_matplotlib_is_optional_and_loaded_lazily(tmp_path, monkeypatch):
-    done = subprocess.run([sys.executable, "-c", "import sys, mindgrpo.plotting; print('matplotlib' in sys.modules)"],
+    done = subprocess.run([sys.executable, "-c", "import sys, mindgrpo.apps.plotting; print('matplotlib' in sys.modules)"],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.strip() == "False", done.stdout + done.stderr
     run = write_run(tmp_path / "run", 3)

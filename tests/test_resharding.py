@@ -227,7 +227,7 @@ def _actor_params(pieces, rank):
 def test_vllm_backend_sync_writes_each_ranks_resharded_weights(a, b, tied):
     import mindspore as ms
     from mindgrpo.models import CheckpointMismatchError
-    from mindgrpo.rollout.vllm_backend import sync_into_vllm
+    from mindgrpo.rollout.backends.vllm import sync_into_vllm
 
     kv = 2
     full = _full_weights(kv, tied=tied, seed=3)
@@ -292,7 +292,7 @@ def test_config_refuses_a_vllm_layout_the_resharding_cannot_serve(tmp_path):
 
 
 def test_doctor_says_the_vllm_backend_has_not_run():
-    from mindgrpo import doctor
+from mindgrpo.apps import doctor
     from mindgrpo.config import GRPOConfig
 
     config = GRPOConfig()

@@ -1025,17 +1025,17 @@ def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifie
     the cut calls, those completions score 0 for it, and (normalize_then_sum) the step's advantages are TRL's for
     those per-verifier rewards. Then a verifier that raises on every completion stops train() with its own error
     before the update (the weights stay), unchanged even when a peer rank looks lost (train() names lost peers
-    instead of passing most errors on: mindgrpo/peers.py)."""
+    instead of passing most errors on: mindgrpo/train/peers.py)."""
     import dataclasses
     import json
 
     from conftest import small_run_config
-    from mindgrpo import peers
+from mindgrpo.train import peers
     from mindgrpo.data import convert_dataset
-    from mindgrpo.metrics import read_metrics
+    from mindgrpo.train.metrics import read_metrics
     from mindgrpo.models import state_dict_hf
-    from mindgrpo.tokenizer import load_tokenizer
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     source, dataset, run = tmp_path / "train.jsonl", tmp_path / "train.mindrecord", tmp_path / "run"
     source.write_text("".join(demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:8]),

@@ -116,7 +116,7 @@ TRAIN_WORKER = """
 import json, sys
 import mindgrpo
 from mindgrpo.config import load_config
-from mindgrpo.trainer import GRPOTrainer
+from mindgrpo.train.trainer import GRPOTrainer
 paths = [a for a in sys.argv[1:] if a.endswith(".yaml")]
 overrides = [a for a in sys.argv[1:] if not a.endswith(".yaml")]
 for path in paths:  # several runs in one process: the process groups are set up once
@@ -232,7 +232,7 @@ def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
 
 def test_tp2_killed_and_resumed_equals_uninterrupted(tp_runs):
     _assert_same_weights(_final(tp_runs / "tp2"), _final(tp_runs / "killed"), atol=1e-6)
-    from mindgrpo.metrics import read_metrics
+    from mindgrpo.train.metrics import read_metrics
 
     assert [r["step"] for r in read_metrics(tp_runs / "killed" / "metrics.jsonl")] == [1, 2, 3]
 
@@ -283,7 +283,7 @@ def test_the_7b_recipe_runs_as_a_cpu_twin_under_msrun(tmp_path, prompts, tiny_mo
     for section in ("actor_config", "ref_config", "generate_config"):
         overrides += [f"{section}.parallel_config.data_parallel=1", f"{section}.parallel_config.model_parallel=2"]
     _msrun([REPO / "examples" / "grpo" / "main.py", "--config", recipe, *overrides], tmp_path / "log")
-    from mindgrpo.metrics import read_metrics
+    from mindgrpo.train.metrics import read_metrics
 
     assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
     layout = json.loads((tmp_path / "run" / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())

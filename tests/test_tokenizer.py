@@ -1,4 +1,4 @@
-"""mindgrpo.tokenizer against transformers' AutoTokenizer on the fixture (every GSM8K text, both load paths)."""
+"""mindgrpo.data.tokenizer against transformers' AutoTokenizer on the fixture (every GSM8K text, both load paths)."""
 import json
 import shutil
 import subprocess
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import shared_path
-from mindgrpo.tokenizer import TokenizerError, load_tokenizer
+from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
 CONVERSATIONS = [
     [{"role": "user", "content": "What is 2 + 3?"}],
@@ -168,5 +168,5 @@ def test_save_pretrained_round_trips_through_transformers(tmp_path, tiny_model_d
 
 
 def test_import_does_not_pull_in_transformers():
-    code = "import sys, mindgrpo.tokenizer; sys.exit('transformers' in sys.modules)"
+    code = "import sys, mindgrpo.data.tokenizer; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent).returncode == 0

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import small_run_config
 from mindgrpo.config import GRPOConfig
-from mindgrpo.metrics import METRIC_NAMES, read_metrics
+from mindgrpo.train.metrics import METRIC_NAMES, read_metrics
 
 
 @pytest.fixture(scope="module")
@@ -16,7 +16,7 @@ def prompts(tmp_path_factory, gsm8k_dir, tiny_model_dir):
     """48 GSM8K test questions whose prompts (gsm8k_hash template) are 65..128 tokens long: one shape bucket, so
     the step graphs compile once."""
     from mindgrpo.data import convert_dataset, render_prompt
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     folder = tmp_path_factory.mktemp("prompts")
     tokenizer = load_tokenizer(tiny_model_dir)
@@ -45,7 +45,7 @@ def final_weights(run: Path) -> dict:
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory, prompts, tiny_model_dir):
     """Two steps in one process; shared by the checks below (one compile for all of them)."""
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     out = tmp_path_factory.mktemp("run")
     trainer = GRPOTrainer(make_config(out, prompts, tiny_model_dir, max_steps=2, num_iterations=2))
@@ -99,7 +99,7 @@ def test_layouts_that_cannot_run_are_refused_before_loading_anything():
     """Pipeline stages are not implemented, and tensor parallelism needs the shared-prompt forward: both are
     refused when the config is validated, before any process group or weight."""
     from mindgrpo.config import ConfigError, GRPOConfig
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     config = GRPOConfig()
     config.rl_config.share_prompt = False
@@ -118,7 +118,7 @@ def test_precompile_leaves_the_weights_and_a_skipped_update_keeps_them(tmp_path,
     Either must leave the weights, the optimizer and the accumulated gradients as they were, and after precompile
     the run's steps compile nothing but the first update's gradient-norm and AdamW graphs."""
     from mindgrpo.models import state_dict_hf
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(make_config(tmp_path / "run", prompts, tiny_model_dir, max_steps=2))
     policy = trainer.policy
@@ -150,7 +150,7 @@ def test_packed_micro_batches_compile_once(tmp_path, prompts, tiny_model_dir):
     """With actor_config.max_tokens_per_micro_batch every packed forward of a prompt width has one shape, whatever
     the completions' lengths: after precompile the steps compile nothing but the first update's gradient-norm and
     AdamW graphs."""
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     config = make_config(tmp_path / "run", prompts, tiny_model_dir, max_steps=2, num_iterations=2)
     config.actor_config.max_tokens_per_micro_batch = 24  # two rows of the 12-token limit per forward

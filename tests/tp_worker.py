@@ -13,7 +13,7 @@ import mindgrpo  # noqa: F401
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn
 
-from mindgrpo.distributed import all_gather, init_distributed
+from mindgrpo.train.distributed import all_gather, init_distributed
 
 
 def main() -> None:
@@ -21,9 +21,9 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     dist = init_distributed(model_parallel=2)
     from mindgrpo.models import SharedPromptForward, build_model, hf_parameters
-    from mindgrpo.policy import CompletionLogProbs
+    from mindgrpo.train.policy import CompletionLogProbs
     from mindgrpo.rollout import SamplingParams
-    from mindgrpo.rollout.native import NativeRolloutEngine
+    from mindgrpo.rollout.backends.native import NativeRolloutEngine
 
     full = build_model(model_dir)
     shard = build_model(model_dir, tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)

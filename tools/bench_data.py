@@ -21,7 +21,7 @@ from typing import Callable
 
 import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PromptDataset, convert_dataset, read_gsm8k, render_prompt
-from mindgrpo.tokenizer import load_tokenizer
+from mindgrpo.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 10.0

@@ -127,7 +127,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
 def convert_gsm8k(out: Path) -> Path:
     """GSM8K train as a mindgrpo prompt MindRecord with the peer's prompt (about 1.5 s)."""
     from mindgrpo.data import convert_dataset
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     if not out.exists():
         convert_dataset(GSM8K_TRAIN, out, load_tokenizer(FIXTURE), dataset_type="gsm8k", prompt_template="gsm8k_hash",
@@ -161,7 +161,7 @@ def step_flops(hf: dict, prompt_lengths: List[int], completion_lengths: List[int
 def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespace) -> Dict:
     import mindgrpo  # noqa: F401  (quiet logging before MindSpore loads)
     import mindspore as ms
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     if args.threads:
         ms.device_context.cpu.op_tuning.threads_num(args.threads)

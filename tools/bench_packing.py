@@ -67,8 +67,8 @@ def rollouts(mix: str) -> SimpleNamespace:
 def compiled_policy(model_dir: str, layout: str, data: SimpleNamespace):
     """A Policy at the benchmark's settings with every graph of ``data``'s shapes compiled."""
     from mindgrpo.config import GRPOConfig, validate
-    from mindgrpo.distributed import DistInfo
-    from mindgrpo.policy import Policy
+    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.train.policy import Policy
 
     config = GRPOConfig()
     rl = config.rl_config

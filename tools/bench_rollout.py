@@ -61,7 +61,7 @@ def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]
     try:
         import mindgrpo  # noqa: F401
         from mindgrpo.data import read_gsm8k, render_prompt
-        from mindgrpo.tokenizer import load_tokenizer
+        from mindgrpo.data.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(FIXTURE)
         encoded = (tokenizer.encode(render_prompt("gsm8k_hash", row.question)) for row in read_gsm8k(GSM8K))

@@ -141,7 +141,7 @@ def plot(report: Dict, path: Path) -> Path:
     """tokens/s against new tokens, one panel per size (matplotlib's object-oriented API, no pyplot)."""
     from matplotlib.figure import Figure
 
-    from mindgrpo.plotting import save_figure
+    from mindgrpo.apps.plotting import save_figure
 
     sizes = list(dict.fromkeys(s["size"] for s in report["settings"]))
     fig = Figure(figsize=(5.2 * len(sizes), 4.2), layout="constrained")

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Parallel layouts compared: tokens/s and per-rank peak RSS of TP=1, TP=2 and DP=2 on the `small` model, and the
-memory planner (`mindgrpo/plan.py`) checked against the measured per-rank memory of each.
+memory planner (`mindgrpo/apps/plan.py`) checked against the measured per-rank memory of each.
 
 Every layout trains the same global batch with bench_grpo.py's settings (4 GSM8K prompts x 8 completions per step,
 64 new tokens, beta 0.04, fp32, GRAPH mode, micro-batches of 16 completions), except that, so the planner's shapes
@@ -23,11 +23,11 @@ counted. The `--threads` CPU threads are split evenly over a run's processes. It
                                last two written once first, as the first update would)
                        peak:   layout_bytes(..., device="cpu")["total"]  vs  peak RSS after the first step -
                                RSS before `Policy(...)` (precompiled graphs included; the planner's cpu runtime
-                               part and its rule that each graph keeps its own memory, see mindgrpo/plan.py)
+                               part and its rule that each graph keeps its own memory, see mindgrpo/apps/plan.py)
                      error = |predicted - measured| / measured, which must be <= 0.25 (`ok`)
 
 and last one comparison line with every layout's tokens/s and largest per-rank peak RSS as ratios to TP=1's.
-The RSS before and after `Policy(...)` is read from outside the trainer: the worker wraps `mindgrpo.policy.Policy`,
+The RSS before and after `Policy(...)` is read from outside the trainer: the worker wraps `mindgrpo.train.policy.Policy`,
 which `GRPOTrainer.__init__` builds after its imports and the communication set-up.
 
     python tools/bench_tp.py [--layouts tp1 tp2 dp2] [--steps 4] [--warmup 1] [--threads 2]
@@ -90,7 +90,7 @@ def peak_rss() -> int:
 
 def plan_check(config, hf: dict, dp: int, tp: int, rss0: int, rss1: int, peak: int) -> Dict:
     """The planner's per-rank figures for this run against the measured ones."""
-    from mindgrpo.plan import layout_bytes, model_state_bytes
+    from mindgrpo.apps.plan import layout_bytes, model_state_bytes
 
     rl = config.rl_config
     state = model_state_bytes(hf, model_parallel=tp, data_parallel=dp,
@@ -108,9 +108,9 @@ def plan_check(config, hf: dict, dp: int, tp: int, rss0: int, rss1: int, peak: i
 def run_rank(args: argparse.Namespace) -> Dict:
     """Train one layout on this rank; returns its per-step figures and the plan check."""
     import mindgrpo  # noqa: F401  (quiet logging before MindSpore loads)
-    import mindgrpo.policy
+    import mindgrpo.train.policy
     import mindspore as ms
-    from mindgrpo.trainer import GRPOTrainer
+    from mindgrpo.train.trainer import GRPOTrainer
 
     if args.threads_per_process:
         ms.device_context.cpu.op_tuning.threads_num(args.threads_per_process)
@@ -118,9 +118,9 @@ def run_rank(args: argparse.Namespace) -> Dict:
     config = layout_config(args.worker, Path(args.model_dir), work / "gsm8k_train.mindrecord",
                            work / f"run_{args.worker}", args.steps)
     marks: Dict[str, int] = {}
-    build_policy = mindgrpo.policy.Policy
+    build_policy = mindgrpo.train.policy.Policy
 
-    def measured_policy(*a, **k):  # GRPOTrainer.__init__ looks Policy up in mindgrpo.policy when it builds it
+    def measured_policy(*a, **k):  # GRPOTrainer.__init__ looks Policy up in mindgrpo.train.policy when it builds it
         gc.collect()
         marks["rss0"] = current_rss()
         policy = build_policy(*a, **k)
@@ -133,11 +133,11 @@ def run_rank(args: argparse.Namespace) -> Dict:
         marks["rss1"] = current_rss()
         return policy
 
-    mindgrpo.policy.Policy = measured_policy
+    mindgrpo.train.policy.Policy = measured_policy
     try:
         trainer = GRPOTrainer(config)
     finally:
-        mindgrpo.policy.Policy = build_policy
+        mindgrpo.train.policy.Policy = build_policy
     marks["rss_built"] = current_rss()  # the trainer built (the zero-initialised state is not yet touched)
     trainer.precompile()
     marks["peak_after_precompile"] = peak_rss()  # every graph of the run compiled

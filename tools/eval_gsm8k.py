@@ -9,7 +9,7 @@ DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending
 
 Writes one JSON line per problem (question, completion(s), extracted answer, gold, correct, maj@k fields) to
 --output and the summary next to it (eval.summary.json), both atomically; prints the summary, its last line as JSON.
-See mindgrpo.evaluation for the details.
+See mindgrpo.apps.evaluation for the details.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))  # evaluate with this checkout's mindgrpo, whichev
 
 import mindgrpo  # noqa: E402  (configures MindSpore/MindFormers logging before they load)
 from mindgrpo.data import PROMPT_TEMPLATES  # noqa: E402
-from mindgrpo.evaluation import evaluate, format_summary, summary_path  # noqa: E402
+from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

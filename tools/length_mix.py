@@ -248,7 +248,7 @@ def calibration_prompts(tokenizer_dir: Path, gsm8k: Path, count: int) -> List[Li
     """`count` GSM8K train questions evenly spread over the file, as the benchmark's prompts (gsm8k_hash)."""
     import mindgrpo  # noqa: F401  (quiet logging)
     from mindgrpo.data import render_prompt
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     lines = gsm8k.read_text(encoding="utf-8").splitlines()
     picks = np.linspace(0, len(lines) - 1, count).astype(int)

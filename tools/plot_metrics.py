@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import mindgrpo  # noqa: F401  (quiet logging set-up, as for every mindgrpo entry point)
-from mindgrpo.plotting import MetricsFileError, parse_smooth, plot_runs
+from mindgrpo.apps.plotting import MetricsFileError, parse_smooth, plot_runs
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, convert_dataset
-from mindgrpo.tokenizer import TokenizerError, load_tokenizer
+from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
 
 def build_parser() -> argparse.ArgumentParser:

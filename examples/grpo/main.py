@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def prepare_demo(run_dir: Path) -> dict:
     """Make the demo model and data (cached) and convert the data with tools/rlhf_data.py."""
-    from mindgrpo.demo import make_demo
+    from mindgrpo.apps.demo import make_demo
     from mindgrpo._env import cache_dir
 
     assets = make_demo(Path(cache_dir()) / "demo")
@@ -69,13 +69,13 @@ def main(argv=None) -> int:
         overrides.insert(0, f"rl_config.output_dir={run_dir.resolve()}")
     try:
         config = load_config(config_path, overrides, flags)
-        from mindgrpo.trainer import GRPOTrainer
+        from mindgrpo.train.trainer import GRPOTrainer
 
         trainer = GRPOTrainer(config)
     except (ConfigError, DataError) as err:  # bad config or data: the message says what to change
         print(f"error: {err}", file=sys.stderr)
         return 2
-    from mindgrpo.trainer import PeerLostError
+    from mindgrpo.train.trainer import PeerLostError
 
     try:
         trainer.train()

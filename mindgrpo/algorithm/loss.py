@@ -25,7 +25,7 @@ data-parallel reducer *averages* over the W ranks (``nn.DistributedGradReducer``
 * ``bnpo`` normalises by the local token count, so it averages micro-batch token means (TRL's behaviour); use
   ``dapo`` when that difference matters.
 
-**Regrouped sequences.** Packed training (:mod:`mindgrpo.packing`) forms micro-batches of other sizes and members.
+**Regrouped sequences.** Packed training (:mod:`mindgrpo.train.packing`) forms micro-batches of other sizes and members.
 Every formula above is a weighted sum of per-sequence sums, so :func:`step_row_weights` gives each sequence its
 weight in the step's loss as the consecutive micro-batches of ``micro_batch_size`` sequences define it, and
 ``grpo_loss(row_weights=...)`` sums with those weights: the same loss and gradient however the sequences are grouped.

@@ -1,7 +1,7 @@
 """Packed shared-prompt forward: completions without padding, several to a row, each attending to its own prompt.
 
 :class:`~mindgrpo.models.SharedPromptForward` scores ``G`` completions per prompt, each right-padded to the
-generation limit. This forward takes the packed rows of :mod:`mindgrpo.packing` instead: a row holds completions of
+generation limit. This forward takes the packed rows of :mod:`mindgrpo.train.packing` instead: a row holds completions of
 one group end to end, the forward holds the distinct prompts of its rows in ``S`` slots (left-padded, computed
 once each), and ``row_prompt`` names each row's slot. Attention is that of the shared forward per completion:
 
@@ -24,7 +24,7 @@ from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
 
 class PackedPromptForward(Qwen2Blocks):
     """``(prompt_ids [S, P], prompt_mask [S, P], completion_ids [R, W], positions [R, W], segments [R, W],
-    row_prompt [R], source [R * W])`` -> logits ``[R, W, V]`` (see :class:`mindgrpo.packing.MicroBatch`).
+    row_prompt [R], source [R * W])`` -> logits ``[R, W, V]`` (see :class:`mindgrpo.train.packing.MicroBatch`).
 
     A row's unused tail (segment 0) attends to itself and is scored like any token; its log-probs are never read.
     """

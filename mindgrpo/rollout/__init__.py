@@ -33,19 +33,19 @@ def build_rollout_engine(backend: str, actor: Any, *, eos_token_id: EosIds, pad_
         pad_token_id: id that pads completions in :class:`RolloutResult`.
         max_prompt_length: longest prompt accepted (longer ones are an error).
         max_batch_size: most sequences decoded together.
-        options: backend-specific keyword arguments, see :class:`~mindgrpo.rollout.native.NativeRolloutEngine`,
-            :class:`~mindgrpo.rollout.mindformers_backend.MindFormersRolloutEngine` and
-            :class:`~mindgrpo.rollout.vllm_backend.VllmRolloutEngine`.
+        options: backend-specific keyword arguments, see :class:`~mindgrpo.rollout.backends.native.NativeRolloutEngine`,
+            :class:`~mindgrpo.rollout.backends.mindformers.MindFormersRolloutEngine` and
+            :class:`~mindgrpo.rollout.backends.vllm.VllmRolloutEngine`.
     """
     common = dict(eos_token_id=eos_token_id, pad_token_id=pad_token_id, max_prompt_length=max_prompt_length,
                   max_batch_size=max_batch_size)
     if backend == "native":
-        from mindgrpo.rollout.native import NativeRolloutEngine
+        from mindgrpo.rollout.backends.native import NativeRolloutEngine
         return NativeRolloutEngine(actor, **common, **options)
     if backend == "mindformers":
-        from mindgrpo.rollout.mindformers_backend import MindFormersRolloutEngine
+        from mindgrpo.rollout.backends.mindformers import MindFormersRolloutEngine
         return MindFormersRolloutEngine(actor, **common, **options)
     if backend == "vllm":
-        from mindgrpo.rollout.vllm_backend import VllmRolloutEngine
+        from mindgrpo.rollout.backends.vllm import VllmRolloutEngine
         return VllmRolloutEngine(actor, **common, **options)
     raise ValueError(f"unknown rollout backend {backend!r}; choose one of {', '.join(BACKENDS)}")

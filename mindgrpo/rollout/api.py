@@ -44,7 +44,7 @@ class SamplingParams:
     """Also return the log-probability of each chosen token under the distribution it was sampled from (after
     penalty, EOS suppression, temperature, top-k and top-p, renormalised). Greedy decoding reports the
     log-softmax of the penalised logits instead (its sampling distribution is a point mass). The vllm backend
-    reports vLLM's log-probs (see ``mindgrpo.rollout.vllm_backend``)."""
+    reports vLLM's log-probs (see ``mindgrpo.rollout.backends.vllm``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))

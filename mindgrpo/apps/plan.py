@@ -13,7 +13,7 @@ adds up what one rank holds at its peak, in bytes:
 * **gradients**: one float32 accumulator per parameter: ``4 n``.
 * **optimizer**: AdamW's two float32 moments, ``8 n``; with ZeRO-1 (``parallel_config.optimizer_shard``, on by
   default) each data-parallel rank keeps them for the whole parameters it owns
-  (:func:`mindgrpo.optim_state.owner_ranks`, about ``n / dp``): ``8 x`` the largest rank's share.
+  (:func:`mindgrpo.train.optim_state.owner_ranks`, about ``n / dp``): ``8 x`` the largest rank's share.
 * **reference**: the frozen reference model (only when ``rl_config.beta > 0``), sliced the same way, in
   ``ref_config.compute_dtype``: ``bytes(dtype) n``.
 * **kv_cache**: the native rollout engine's K and V per layer, kept between steps:
@@ -81,7 +81,7 @@ LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
 # feed the two context products. Measured on CPU (small, TP=1): the training micro-batch's RSS grew 486 MiB per 8
 # completions where one copy predicted 320, i.e. three score copies per layer more than one.
 SCORE_COPIES = 4
-DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/native.py)
+DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/backends/native.py)
 UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (policy.ReduceAndClip), before the write-back
 PARTS = ("weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
          "reference", "runtime")
@@ -166,11 +166,11 @@ def local_parameters(hf_config: Mapping, model_parallel: int = 1) -> int:
 def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
                       optimizer_shard: bool = True) -> int:
     """Parameters whose AdamW moments the busiest rank keeps: all of its slice, or under ZeRO-1 the largest share
-    :func:`~mindgrpo.optim_state.owner_ranks` gives one data-parallel rank (whole parameters, about 1/dp)."""
+    :func:`~mindgrpo.train.optim_state.owner_ranks` gives one data-parallel rank (whole parameters, about 1/dp)."""
     sizes = local_sizes(hf_config, model_parallel)
     if not optimizer_shard or data_parallel == 1:
         return sum(sizes)
-    from mindgrpo.optim_state import owner_ranks
+    from mindgrpo.train.optim_state import owner_ranks
 
     loads = [0] * data_parallel
     for size, owner in zip(sizes, owner_ranks(sizes, data_parallel)):

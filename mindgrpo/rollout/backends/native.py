@@ -17,11 +17,11 @@ Shapes are static per bucket so each bucket compiles exactly once:
   where its rows end, and after the first rollout of a bucket nothing compiles again.
 
 Where the cache lives depends on the decode path. The fused CPU kernels (``decode_impl="fused"``, float32,
-:class:`~mindgrpo.rollout.qwen2_graph.FusedDecodeGraph`) keep it in a :class:`~mindgrpo.ops.kv_store.KvStore`,
+:class:`~mindgrpo.rollout.backends.native_graphs.FusedDecodeGraph`) keep it in a :class:`~mindgrpo.ops.kv_store.KvStore`,
 memory that is resident only where written: it grows with the rows' lengths, not the limit, a row's memory is
 given back when it ends and the whole cache after each chunk, so between rollouts (during training) it holds
 nothing; columns of a decode batch beyond its live rows name no cache row and the kernel skips them. The plain ops
-(:class:`~mindgrpo.rollout.qwen2_graph.DecodeGraph`: other dtypes, Ascend) keep it in Parameters of the full
+(:class:`~mindgrpo.rollout.backends.native_graphs.DecodeGraph`: other dtypes, Ascend) keep it in Parameters of the full
 shape; their batch-``B`` graph reads the cache in place (column ``i`` decodes row ``i``, finished rows included)
 and the smaller ones gather their rows, filling the batch with finished rows whose results are dropped.
 
@@ -55,7 +55,7 @@ from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, PROMPT_LENGTH_BUCK
                                   SamplingParams, check_prompts, check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
 from mindgrpo.ops.kv_store import KvStore
-from mindgrpo.rollout.qwen2_graph import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
+from mindgrpo.rollout.backends.native_graphs import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
                                           Qwen2Weights, new_kv_cache)
 from mindgrpo.rollout.sampler import TokenSampler
 

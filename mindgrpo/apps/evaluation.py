@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindgrpo.checkpoint import MANIFEST, CheckpointError, CheckpointManager, atomic_open, save_json
+from mindgrpo.train.checkpoint import MANIFEST, CheckpointError, CheckpointManager, atomic_open, save_json
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render_prompt
 from mindgrpo.rewards import accuracy_reward, extract_answer, extract_answer_text, normalize_math_answer
 from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
@@ -391,7 +391,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     say(f"[eval] {len(problems)} problems from {data}; model {resolved.weights_dir}"
         + (f" (checkpoint step {resolved.step})" if resolved.step is not None else "") + f"; template {template}")
 
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolved.tokenizer_dir)
     prompt_ids = tok.encode_batch([render_prompt(template, p.question) for p in problems])

@@ -1,7 +1,7 @@
 """The embedded demo: a tiny Qwen2.5-architecture model, its tokenizer and a GSM8K-format task, made locally.
 
 `make_demo(out_dir)` builds everything the README's first command needs, without downloading anything
-(`python -m mindgrpo.demo [OUT_DIR]` does the same from the shell):
+(`python -m mindgrpo.apps.demo [OUT_DIR]` does the same from the shell):
 
 - **Task**: one-digit addition and subtraction word problems ("Tom has 3 apples and buys 4 more. How many apples
   does Tom have now?") in GSM8K format: `answer` is `"3 + 4 = 7\n#### 7"`. 2,000 train and 200 test rows, no
@@ -148,7 +148,7 @@ def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE):
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers
 
-    from mindgrpo.tokenizer import QWEN2_SPLIT_REGEX
+    from mindgrpo.data.tokenizer import QWEN2_SPLIT_REGEX
 
     tok = Tokenizer(models.BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="",
                                fuse_unk=False, byte_fallback=False))
@@ -169,7 +169,7 @@ def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE):
 def write_tokenizer(tok, out: Path) -> Dict[str, int]:
     """tokenizer.json, vocab.json + merges.txt and tokenizer_config.json as Qwen2.5 ships them; returns the ids
     of the special tokens."""
-    from mindgrpo.tokenizer import QWEN25_CHAT_TEMPLATE
+    from mindgrpo.data.tokenizer import QWEN25_CHAT_TEMPLATE
 
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
     (out / "tokenizer.json").write_text(tok.to_str(pretty=True) + "\n", encoding="utf-8")
@@ -447,8 +447,8 @@ def warm_start(init_dir: Path, out_dir: Path, train: Sequence[dict], test: Seque
 
     from mindgrpo.config import LRScheduleConfig, OptimizerConfig
     from mindgrpo.models import build_model, export_hf, read_hf_config
-    from mindgrpo.optim import AdamW, clip_by_global_norm, learning_rate_at
-    from mindgrpo.tokenizer import load_tokenizer
+    from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
+    from mindgrpo.data.tokenizer import load_tokenizer
 
     start_time = time.perf_counter()
     tok = load_tokenizer(init_dir)
@@ -554,8 +554,8 @@ class _Scorer:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    """`python -m mindgrpo.demo [OUT_DIR]`: build (or find) the demo and print where it is and what it scored."""
-    parser = argparse.ArgumentParser(prog="python -m mindgrpo.demo", description=main.__doc__)
+    """`python -m mindgrpo.apps.demo [OUT_DIR]`: build (or find) the demo and print where it is and what it scored."""
+    parser = argparse.ArgumentParser(prog="python -m mindgrpo.apps.demo", description=main.__doc__)
     parser.add_argument("out_dir", nargs="?", default=None, help=f"default: {default_demo_dir()}")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warm-start-steps", type=int, default=DEFAULT_WARM_START_STEPS)

@@ -35,7 +35,7 @@ from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tup
 START_TIMEOUT = 300.0
 
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
-         "from mindgrpo.verifier_workers import serve; serve(int(sys.argv[1]))")
+         "from mindgrpo.rewards.workers import serve; serve(int(sys.argv[1]))")
 
 Call = Tuple[str, tuple, dict]  # (function name, positional args, keyword args)
 

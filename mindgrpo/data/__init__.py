@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequen
 
 import numpy as np
 
-from mindgrpo.checkpoint import pid_alive
+from mindgrpo.train.checkpoint import pid_alive
 from mindgrpo.rewards import normalize_number
 
 if TYPE_CHECKING:
-    from mindgrpo.tokenizer import Tokenizer
+    from mindgrpo.data.tokenizer import Tokenizer
 
 PathLike = Union[str, os.PathLike]
 

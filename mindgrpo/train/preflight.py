@@ -14,7 +14,7 @@ from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_pro
 
 if TYPE_CHECKING:
     from mindgrpo.config import GRPOConfig
-    from mindgrpo.tokenizer import Tokenizer
+    from mindgrpo.data.tokenizer import Tokenizer
 
 _RECHECKED_ROWS = 8  # prompts re-tokenized to recognise the tokenizer a MindRecord was made with
 

@@ -1,13 +1,13 @@
 """The MindSpore side of a GRPO step: actor, reference, rollout engine, compiled log-prob and update graphs.
 
 The trainer hands this module numpy batches and gets numpy results and float metrics back, so the orchestration
-in :mod:`mindgrpo.trainer` reads as plain Python while everything heavy runs in compiled graphs here:
+in :mod:`mindgrpo.train.trainer` reads as plain Python while everything heavy runs in compiled graphs here:
 
 * ``CompletionLogProbs``: one forward over ``[prompt | completion]`` rows, projecting only the completion positions
   to the vocabulary (logits are the largest tensor: Qwen2.5's vocabulary is 151,936);
 * ``GRPOLossCell``: log-probs, then :func:`mindgrpo.algorithm.grpo_loss` (fused kernel or plain ops); with
   ``actor_config.max_tokens_per_micro_batch`` the forwards take packed rows instead (``PackedLossCell``,
-  :mod:`mindgrpo.packing`);
+  :mod:`mindgrpo.train.packing`);
 * gradient accumulation over micro-batches, data-parallel all-reduce, global-norm clipping and AdamW.
 """
 from __future__ import annotations
@@ -23,17 +23,17 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindgrpo.algorithm import (METRICS, LossSettings, group_advantages, grpo_loss, step_row_weights, token_entropy,
                                 token_logprobs)
 from mindgrpo.config import GRPOConfig
-from mindgrpo.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
+from mindgrpo.train.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.models import (PackedPromptForward, SharedPromptForward, build_model, export_hf, hf_parameters,
                              load_hf_weights)
 from mindgrpo.models.export import export_hf_arrays
 from mindgrpo.models.weights import host_array
 from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.models.shard_layout import TPLayout
-from mindgrpo import checkpoint as ckpt
-from mindgrpo.optim import AdamW, clip_to_norm, learning_rate_at, squared_norm
-from mindgrpo.optim_state import layout_record, load_resharded, rank_metadata
-from mindgrpo.packing import MicroBatch, micro_batches
+from mindgrpo.train import checkpoint as ckpt
+from mindgrpo.train.optim import AdamW, clip_to_norm, learning_rate_at, squared_norm
+from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
+from mindgrpo.train.packing import MicroBatch, micro_batches
 from mindgrpo.rollout import SamplingParams, build_rollout_engine
 
 
@@ -120,7 +120,7 @@ class GRPOLossCell(nn.Cell):
 
 
 class PackedLossCell(GRPOLossCell):
-    """:class:`GRPOLossCell` of a packed micro-batch (:class:`mindgrpo.packing.MicroBatch`): the log-probs of its
+    """:class:`GRPOLossCell` of a packed micro-batch (:class:`mindgrpo.train.packing.MicroBatch`): the log-probs of its
     rows are gathered into its completions' loss rows ``[C, W]`` (``unpack``), so the loss is per completion as in
     the padded path, and each completion weighs in with its weight in the step's loss (``step_row_weights``)."""
 
@@ -414,7 +414,7 @@ class Policy:
 
     @staticmethod
     def _packed_inputs(data, batch: MicroBatch):
-        """The packed forward's seven inputs for one micro-batch (see mindgrpo.packing.MicroBatch)."""
+        """The packed forward's seven inputs for one micro-batch (see mindgrpo.train.packing.MicroBatch)."""
         return (Tensor(data.prompt_ids[batch.prompts]), Tensor(data.prompt_mask[batch.prompts]),
                 Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments), Tensor(batch.row_prompt),
                 Tensor(batch.source))

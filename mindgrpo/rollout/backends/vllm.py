@@ -66,13 +66,13 @@ class VllmRolloutEngine:
                 actor's Parameters hold); None means the actor's ``tp_layout``, or a full model (tensor parallel 1)
                 when it has none.
             gather: ``gather(hf_name, piece)`` -> the training tensor-parallel group's pieces in rank order; None
-                means :func:`mindgrpo.distributed.all_gather` over that group.
+                means :func:`mindgrpo.train.distributed.all_gather` over that group.
             Other arguments as in :func:`mindgrpo.rollout.build_rollout_engine`.
         """
         vllm = import_vllm()
         if not model_dir:
             raise ValueError("the vllm backend needs model_dir: the Hugging Face folder vLLM loads the model from")
-        from mindgrpo.distributed import launched_by_msrun
+        from mindgrpo.train.distributed import launched_by_msrun
         from mindgrpo.models import read_hf_config
         from mindgrpo.models.shard_layout import TPLayout
 
@@ -147,7 +147,7 @@ def _tp_gather(train_tp: int) -> Callable[[str, np.ndarray], Sequence[np.ndarray
     """Gather a training tensor's pieces over the training tensor-parallel group (identity for one rank)."""
     if train_tp == 1:
         return lambda name, piece: [piece]
-    from mindgrpo.distributed import TP, all_gather, init_distributed
+    from mindgrpo.train.distributed import TP, all_gather, init_distributed
 
     info = init_distributed(train_tp)
     return lambda name, piece: list(all_gather(piece, info, over=TP))

@@ -27,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-from mindgrpo.checkpoint import NO_SPACE_ERRNOS, atomic_open
+from mindgrpo.train.checkpoint import NO_SPACE_ERRNOS, atomic_open
 
 METRIC_NAMES: tuple[str, ...] = (
     "timing/all",                  # seconds for the whole step

@@ -1,6 +1,6 @@
 """Training curves as PNG: one or several runs' ``metrics.jsonl`` as a dashboard and one image per panel.
 
-    from mindgrpo.plotting import plot_runs
+    from mindgrpo.apps.plotting import plot_runs
     plot_runs(["output/demo", "output/demo_beta0"], "plots", smooth=0.9)   # -> [plots/dashboard.png, ...]
 
 Several runs are overlaid in each panel (one colour per run, labelled by its folder name or ``labels``), which is

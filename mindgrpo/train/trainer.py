@@ -1,7 +1,7 @@
 """GRPOTrainer: rollout, score, advantages, reference and old log-probs, clipped update, weight sync.
 
 ``GRPOTrainer(config).train()`` runs the whole job; ``train_step()`` is one step, readable top to bottom in
-:meth:`GRPOTrainer.train_step`. Everything that touches MindSpore graphs lives in :mod:`mindgrpo.policy`; this
+:meth:`GRPOTrainer.train_step`. Everything that touches MindSpore graphs lives in :mod:`mindgrpo.train.policy`; this
 module is the orchestration and the bookkeeping (metrics, checkpoints, resume).
 """
 from __future__ import annotations
@@ -18,16 +18,16 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from mindgrpo import checkpoint as ckpt
-from mindgrpo import peers
+from mindgrpo.train import checkpoint as ckpt
+from mindgrpo.train import peers
 from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
 from mindgrpo.data import PromptBatch, PromptDataset
-from mindgrpo.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
-from mindgrpo.metrics import MetricsLogger, throughput_tps
-from mindgrpo.preflight import check_run_inputs
+from mindgrpo.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from mindgrpo.train.metrics import MetricsLogger, throughput_tps
+from mindgrpo.train.preflight import check_run_inputs
 from mindgrpo.rewards import RewardScorer, VerifierError
-from mindgrpo.run_lock import lock_output_dir
-from mindgrpo.tokenizer import load_tokenizer
+from mindgrpo.train.run_lock import lock_output_dir
+from mindgrpo.data.tokenizer import load_tokenizer
 
 
 SHARD_STAGING = ".shards-step_"  # per-rank optimizer files wait here until rank 0 commits the checkpoint
@@ -63,7 +63,7 @@ class GRPOTrainer:
         import mindspore as ms
 
         from mindgrpo.models import read_hf_config
-        from mindgrpo.policy import Policy
+        from mindgrpo.train.policy import Policy
 
         self.config = validate(config, check_paths=check_paths)
         rl = config.rl_config
@@ -71,14 +71,14 @@ class GRPOTrainer:
         if rl.device_target != "auto":
             ms.set_device(rl.device_target)  # before the process group: MindSpore refuses it after init()
         self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
-        if self.dist.world_size > 1:  # so a rank whose peer dies can name it (mindgrpo/peers.py)
+        if self.dist.world_size > 1:  # so a rank whose peer dies can name it (mindgrpo/train/peers.py)
             peers.register(rl.output_dir, self.dist.rank)
         self.device_target = ms.get_context("device_target")
         ms.set_seed(rl.seed)
         random.seed(rl.seed)
         np.random.seed(rl.seed)
 
-        if self.dist.is_main:  # a second run on the same output folder stops here (mindgrpo/run_lock.py)
+        if self.dist.is_main:  # a second run on the same output folder stops here (mindgrpo/train/run_lock.py)
             lock_output_dir(rl.output_dir)
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
         self.dataset = PromptDataset(rl.dataset_file)

@@ -157,7 +157,7 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Ma
         # safetensors serialises the raw buffer: a transposed (non C-contiguous) view would be saved scrambled.
         # (Not np.ascontiguousarray: it turns 0-d arrays into shape (1,).)
         tensors[name] = value if value.flags.c_contiguous else value.copy(order="C")
-    from safetensors.numpy import save_file  # deferred: keeps `import mindgrpo.checkpoint` light
+    from safetensors.numpy import save_file  # deferred: keeps `import mindgrpo.train.checkpoint` light
 
     tmp = _tmp_sibling(path)
     try:

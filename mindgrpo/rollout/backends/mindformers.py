@@ -30,7 +30,7 @@ from mindspore import Tensor, nn
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
                                   check_request, eos_tuple, generate_in_chunks)
-from mindgrpo.rollout.native import graph_mode
+from mindgrpo.rollout.backends.native import graph_mode
 from mindgrpo.models.qwen2_blocks import find_causal_lm
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
 

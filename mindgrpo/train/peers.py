@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List
 
-from mindgrpo.checkpoint import pid_alive
+from mindgrpo.train.checkpoint import pid_alive
 
 REGISTRY = ".ranks"
 

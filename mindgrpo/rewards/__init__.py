@@ -16,7 +16,7 @@ without MindSpore.
   (TRL's reward functions: `fn(completions, golds, **context) -> list of floats`) are registered beside them with
   `register_verifier(name, batch=True)`, or marked with `@batch_verifier` for a `package.module:function` spec.
 - `RewardScorer` runs a configured list of verifiers over a batch, in the trainer's process or (with a time limit
-  per call, or several at once) in worker processes (`mindgrpo.verifier_workers`). A verifier that crashes, hangs or
+  per call, or several at once) in worker processes (`mindgrpo.rewards.workers`). A verifier that crashes, hangs or
   returns junk on one completion costs that completion its score (and is counted), never the training run; one that
   fails on every completion of a batch, or a batch verifier that does not return one number per completion, is a
   bug: `VerifierError` stops the run, naming it.
@@ -40,7 +40,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from mindgrpo.verifier_workers import CallOutcome, WorkerPool, WorkerStartError
+from mindgrpo.rewards.workers import CallOutcome, WorkerPool, WorkerStartError
 
 _log = logging.getLogger(__name__)
 
@@ -754,7 +754,7 @@ class RewardScorer:
     `fallback_last_number` is passed to every verifier as a keyword (accuracy_reward honours it; others ignore it).
 
     With `verifier_timeout > 0` or `verifier_parallel > 0` the verifiers run in `max(1, verifier_parallel)` worker
-    processes (`mindgrpo.verifier_workers`), which must be able to import each verifier by name; a call that takes
+    processes (`mindgrpo.rewards.workers`), which must be able to import each verifier by name; a call that takes
     longer than `verifier_timeout` seconds is cut, scores 0 and is counted in `RewardBatch.timeouts` and `failures`.
     Call :meth:`close` (or use the scorer as a context manager) to stop the workers early; they also stop when the
     scorer is garbage collected or the process exits.

@@ -380,9 +380,9 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
 
 
 def check_memory(config, workers: int, device_memory: int) -> Check:
-    """Whether the actor's layout fits devices of ``device_memory`` bytes, from :mod:`mindgrpo.plan`."""
+    """Whether the actor's layout fits devices of ``device_memory`` bytes, from :mod:`mindgrpo.apps.plan`."""
     from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
-    from mindgrpo.plan import format_bytes, plan_layouts
+    from mindgrpo.apps.plan import format_bytes, plan_layouts
 
     try:
         hf_config = read_hf_config(config.actor_config.load)
@@ -536,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _device_memory(text: str) -> int:
-    from mindgrpo.plan import PlanError, parse_bytes
+    from mindgrpo.apps.plan import PlanError, parse_bytes
 
     try:
         return parse_bytes(text)

@@ -10,10 +10,10 @@ changing the learning rate never recompiles, and the moments are named Parameter
 them by name.
 
 ZeRO-1 (``optimizer_shard`` with data parallel > 1) keeps the moments, 8 bytes per parameter, of only the
-parameters this data-parallel rank owns (:func:`mindgrpo.optim_state.owner_ranks`); the others get no moment
+parameters this data-parallel rank owns (:func:`mindgrpo.train.optim_state.owner_ranks`); the others get no moment
 Parameters at all, which is the memory saving. After the owners' in-place updates, one AllReduce-SUM per parameter
 over the data-parallel group, to which non-owners add zeros, gives every rank the new weights exactly (``x + 0 =
-x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.distributed`).
+x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.train.distributed`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.config import LRScheduleConfig, OptimizerConfig
-from mindgrpo.distributed import DistInfo
-from mindgrpo.optim_state import MOMENTS, STEP_COUNT, owner_ranks
+from mindgrpo.train.distributed import DistInfo
+from mindgrpo.train.optim_state import MOMENTS, STEP_COUNT, owner_ranks
 
 
 def learning_rate_at(schedule: LRScheduleConfig, step: int, total_steps: int) -> float:
@@ -130,7 +130,7 @@ class AdamW(nn.Cell):
 
     def state_arrays(self) -> Dict[str, np.ndarray]:
         """This rank's moments (``exp_avg.<name>``, ``exp_avg_sq.<name>``) plus the step count, for checkpoints;
-        :func:`mindgrpo.optim_state.load_resharded` reads them back under any layout."""
+        :func:`mindgrpo.train.optim_state.load_resharded` reads them back under any layout."""
         state = {key: param.asnumpy() for key, param in self._moments()}
         state[STEP_COUNT] = np.array(self.step_count, dtype=np.int64)
         return state

@@ -1,0 +1,1 @@
+"""Rollout engines, one module each: ``native`` (the default), ``mindformers`` and ``vllm`` (Ascend only)."""

@@ -1,0 +1,1 @@
+"""Training: the trainer, its compiled step pieces, optimizer, checkpoints, metrics and process groups."""
