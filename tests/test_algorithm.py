@@ -7,8 +7,14 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm import (IMPLS, LOSS_TYPES, METRICS, LossSettings, canonical_kl_estimator, group_advantages,
-                                grpo_loss, kl_penalty, metrics_dict, step_row_weights, token_entropy, token_logprobs)
+from mindgrpo.algorithm import (LOSS_IMPLS as IMPLS, LOSS_TYPES, METRICS, LossSettings, canonical_kl_estimator,
+                                group_advantages, grpo_loss, kl_penalty, step_row_weights, token_entropy,
+                                token_logprobs)
+
+
+def metrics_dict(metrics):
+    """Name the entries of ``grpo_loss``'s metrics vector."""
+    return dict(zip(METRICS, metrics.asnumpy().tolist()))
 
 
 def run(fn, mode: str):

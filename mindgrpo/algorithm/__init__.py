@@ -1,12 +1,23 @@
-"""GRPO algorithm: group advantages, per-token log-probs and entropy, KL estimators, and the policy loss."""
-from mindgrpo.algorithm.advantages import SCALE_REWARDS, group_advantages
-from mindgrpo.algorithm.kl import KL_ESTIMATORS, canonical_kl_estimator, kl_penalty
-from mindgrpo.algorithm.logprobs import token_entropy, token_logprobs
-from mindgrpo.algorithm.loss import (IMPLS, LOSS_TYPES, METRICS, LossSettings, grpo_loss, metrics_dict,
-                                     plain_token_loss, step_row_weights)
+"""GRPO algorithm: group advantages, per-token log-probs and entropy, KL estimators, and the policy loss.
 
-__all__ = [
-    "IMPLS", "KL_ESTIMATORS", "LOSS_TYPES", "METRICS", "SCALE_REWARDS", "LossSettings", "canonical_kl_estimator",
-    "grpo_loss", "group_advantages", "kl_penalty", "metrics_dict", "plain_token_loss", "step_row_weights",
-    "token_entropy", "token_logprobs",
-]
+``registry`` names every variant the config accepts. The other modules load MindSpore, so this package imports them
+on first use: ``from mindgrpo.algorithm.registry import ...`` (what the config does) stays free of MindSpore.
+"""
+import importlib
+
+_LAZY = {
+    "group_advantages": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
+    "METRICS": "loss", "LossSettings": "loss", "grpo_loss": "loss", "plain_token_loss": "loss",
+    "step_row_weights": "loss",
+    "LOSS_IMPLS": "registry", "KL_ESTIMATORS": "registry", "LOSS_TYPES": "registry", "SCALE_REWARDS": "registry",
+    "canonical_kl_estimator": "registry",
+}
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"mindgrpo.algorithm.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'mindgrpo.algorithm' has no attribute {name!r}")

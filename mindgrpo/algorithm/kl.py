@@ -4,10 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, ops
 
-# Canonical names; the fused kernels use the index into this tuple (mindgrpo.ops.KL_CODES mirrors it).
-KL_ESTIMATORS = ("k1", "k2", "k3")
-# verl's names for the same estimators.
-_ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+from mindgrpo.algorithm.registry import canonical_kl_estimator
 
 # verl's low_var_kl clamps: the log-ratio before exp (no overflow) and the estimate itself (bounded penalty).
 K3_LOG_RATIO_CLAMP = 20.0
@@ -20,14 +17,6 @@ def exact_exp(x: Tensor) -> Tensor:
     agrees with the fused kernel, whose exp is within 8.2e-8, to 1e-6)."""
     return ops.cast(ops.exp(ops.cast(x, ms.float64)), x.dtype)
 
-
-def canonical_kl_estimator(name: str) -> str:
-    """Map a KL estimator name (``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``) to its canonical form."""
-    canonical = _ALIASES.get(name, name)
-    if canonical not in KL_ESTIMATORS:
-        raise ValueError(f"unknown kl_estimator {name!r}; choose one of {KL_ESTIMATORS} "
-                         f"(or verl's names {tuple(_ALIASES)})")
-    return canonical
 
 
 def kl_penalty(logp: Tensor, ref_logp: Tensor, estimator: str = "k3") -> Tensor:

@@ -43,11 +43,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindgrpo.algorithm.kl import canonical_kl_estimator, exact_exp, kl_penalty
+from mindgrpo.algorithm.kl import exact_exp, kl_penalty
+from mindgrpo.algorithm.registry import LOSS_IMPLS, LOSS_TYPES, canonical_kl_estimator
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-IMPLS = ("fused", "plain")
 # Names of the entries of grpo_loss's metrics vector, in order: the masked token means of ROW_STATS[1:7] (see
 # mindgrpo.ops.ROW_STATS and batch_means; the last column, the ratio, is left to callers of the row functions).
 METRICS = ("pg_loss", "kl", "clipfrac_low", "clipfrac_high", "clipfrac", "ppo_kl")
@@ -88,8 +87,8 @@ class LossSettings:
     def __post_init__(self) -> None:
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.impl not in IMPLS:
-            raise ValueError(f"impl must be one of {IMPLS}, got {self.impl!r}")
+        if self.impl not in LOSS_IMPLS:
+            raise ValueError(f"impl must be one of {LOSS_IMPLS}, got {self.impl!r}")
         if self.beta < 0:
             raise ValueError(f"beta must be >= 0, got {self.beta}")
         if self.epsilon_high is None:
@@ -183,11 +182,6 @@ def _float32(x: Tensor) -> Tensor:
     return x if x.dtype == ms.float32 else x.astype(ms.float32)
 
 
-def metrics_dict(metrics: Tensor) -> dict[str, float]:
-    """Name the entries of ``grpo_loss``'s metrics vector (host side, for logging)."""
-    return dict(zip(METRICS, metrics.asnumpy().tolist()))
-
-
 def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *,
               cfg: LossSettings, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
               dp_size: int = 1, row_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -214,7 +208,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
 
     Returns:
         ``(loss, metrics)``: scalar loss, and a float32 vector without gradient whose entries are named by
-        ``METRICS`` (``metrics_dict`` names them; a vector rather than a dict keeps GRAPH mode free of Python
+        ``METRICS`` (in that order; a vector rather than a dict keeps GRAPH mode free of Python
         fallbacks and needs one all-reduce / one host copy). Each is a masked token mean over this micro-batch:
         ``pg_loss`` (surrogate term), ``kl`` (KL term as used in the loss, ratio-corrected
         if enabled; 0 without a reference), ``clipfrac_low`` (r < 1 - eps_low with A < 0), ``clipfrac_high``

@@ -1,0 +1,44 @@
+"""Every named choice a config key accepts, in one place (as verl's ``core_algos`` registries).
+
+The config validates against these tuples and the modules that implement a choice dispatch on the same names, so a
+new variant is added here and where it is computed, never copied by hand into the config. This module imports
+nothing: the config (the leaf everyone reads) can read it without loading MindSpore.
+"""
+from __future__ import annotations
+
+from typing import Mapping, Tuple
+
+# The policy loss's reduction over tokens and completions (algorithm/loss.py; TRL's names).
+LOSS_TYPES: Tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+# How the per-token loss runs: one fused custom op, or the plain MindSpore-ops twin it is tested against.
+LOSS_IMPLS: Tuple[str, ...] = ("fused", "plain")
+# Per-token KL estimators (algorithm/kl.py). The fused kernels take the index into this tuple.
+KL_ESTIMATORS: Tuple[str, ...] = ("k1", "k2", "k3")
+# verl's names for the same estimators.
+KL_ALIASES: Mapping[str, str] = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
+# What a group's centred rewards are divided by (algorithm/advantages.py).
+SCALE_REWARDS: Tuple[str, ...] = ("group", "batch", "none")
+# How several verifiers' scores become one reward (rewards/scorer.py).
+REWARD_AGGREGATIONS: Tuple[str, ...] = ("sum_then_normalize", "normalize_then_sum")
+# Rollout engines (rollout/backends/) and the native engine's decode step (fused kernels or plain ops).
+ROLLOUT_BACKENDS: Tuple[str, ...] = ("native", "mindformers", "vllm")
+DECODE_IMPLS: Tuple[str, ...] = ("fused", "plain")
+# Learning-rate schedules (train/optim.py), with MindRLHF's names as aliases.
+LR_SCHEDULES: Tuple[str, ...] = ("constant", "cosine", "linear")
+LR_SCHEDULE_ALIASES: Mapping[str, str] = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine",
+                                          "ConstantWarmUpLR": "constant"}
+OPTIMIZERS: Tuple[str, ...] = ("AdamW",)
+
+
+def canonical(key: str, value: str, choices: Tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
+    """``value`` under its canonical name; a ValueError naming ``key`` and the choices when it is none of them."""
+    name = (aliases or {}).get(value, value)
+    if name not in choices:
+        also = f" (or {', '.join(aliases)})" if aliases else ""
+        raise ValueError(f"{key} = {value!r}: choose one of {', '.join(choices)}{also}")
+    return name
+
+
+def canonical_kl_estimator(name: str) -> str:
+    """Map a KL estimator name (``k1``/``kl``, ``k2``/``mse``, ``k3``/``low_var_kl``) to its canonical form."""
+    return canonical("kl_estimator", name, KL_ESTIMATORS, KL_ALIASES)
