@@ -20,7 +20,6 @@ setup(
         "mindformers==1.9.0",
         "numpy<2",
         "safetensors",
-        "jsonlines",
         "pyyaml",
         "tqdm",
         "tensorboardX",
@@ -35,5 +34,5 @@ setup(
         "test": ["pytest", "hypothesis", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel"],
         "plot": ["matplotlib"],
     },
-    entry_points={"console_scripts": ["mindgrpo=mindgrpo.__main__:main"]},
+    entry_points={"console_scripts": ["mindgrpo=mindgrpo.cli:main"]},
 )

@@ -13,7 +13,7 @@ _LAZY = {
     "GRPOConfig": ("mindgrpo.config", "GRPOConfig"),
     "load_config": ("mindgrpo.config", "load_config"),
     "GRPOTrainer": ("mindgrpo.train.trainer", "GRPOTrainer"),
-    "RewardScorer": ("mindgrpo.rewards", "RewardScorer"),
+    "RewardScorer": ("mindgrpo.rewards.scorer", "RewardScorer"),
     "MetricsLogger": ("mindgrpo.train.metrics", "MetricsLogger"),
     "read_metrics": ("mindgrpo.train.metrics", "read_metrics"),
     "evaluate": ("mindgrpo.apps.evaluation", "evaluate"),

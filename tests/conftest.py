@@ -55,7 +55,7 @@ def ms_mode(request):
 def demo_plain(tmp_path_factory):
     """The embedded demo without its warm start (a random tiny Qwen2 model, tokenizer and GSM8K-format rows, made
     locally in about a second): for tests of the trainer's guarantees that must not depend on ../shared."""
-from mindgrpo.apps import demo
+    from mindgrpo.apps import demo
 
     return demo.make_demo(tmp_path_factory.mktemp("demo_plain") / "demo", warm_start_steps=0)
 

@@ -224,7 +224,7 @@ def test_no_space_while_writing_is_a_clear_error_and_keeps_the_previous_checkpoi
     """ENOSPC (a full disk) or EFBIG (a file-size limit) from a writer, or safetensors' error text for one."""
     import errno
 
-    from mindgrpo.train.checkpoint import out_of_space
+    from mindgrpo._io import out_of_space
 
     manager = CheckpointManager(tmp_path)
     good = manager.save(1, _writers(1.0))

@@ -1,11 +1,12 @@
 """Config loading: yaml groups, relative paths, unknown keys, flags, overrides, validation."""
-import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from mindgrpo.config import (ConfigError, GRPOConfig, ParallelConfig, check_parallel_layout, describe, load_config,
-                             validate)
+from mindgrpo.config import (ConfigError, Derived, GRPOConfig, ParallelConfig, check_micro_batches,
+                             check_parallel_layout, describe, load_config, micro_batch_problems, validate)
 
 
 def write(path: Path, text: str) -> Path:
@@ -140,3 +141,48 @@ def test_parallel_layout_ok():
     # tensor parallel on CPU too (explicit collectives), with KV heads replicated when fewer than the ranks
     check_parallel_layout(ParallelConfig(model_parallel=4), world_size=4, num_heads=4, num_kv_heads=2,
                           num_layers=4, vocab_size=256, intermediate_size=96, device_target="CPU")
+
+
+def test_aliases_take_their_canonical_names():
+    cfg = load_config(overrides=["rl_config.kl_estimator=low_var_kl", "actor_config.lr_schedule.type=ConstantWarmUpLR"])
+    validate(cfg, check_paths=False)
+    assert (cfg.rl_config.kl_estimator, cfg.actor_config.lr_schedule.type) == ("k3", "constant")
+    cfg.rl_config.kl_estimator = "k4"
+    with pytest.raises(ConfigError, match=r"rl_config.kl_estimator = 'k4': choose one of k1, k2, k3 \(or kl, mse"):
+        validate(cfg, check_paths=False)
+
+
+def test_derived_values():
+    cfg = GRPOConfig()
+    rl = cfg.rl_config
+    rl.batch_size, rl.num_generations, rl.max_prompt_length, rl.prompt_bucket = 3, 4, 150, 64
+    cfg.actor_config.micro_batch_size = 4
+    cfg.actor_config.max_tokens_per_micro_batch = 1100
+    cfg.generate_config.sampling_config.max_tokens = 256
+    derived = Derived(cfg)
+    assert (derived.completions_per_rank, derived.grad_accum_steps, derived.packed_rows) == (12, 3, 4)
+    assert derived.prompt_widths == (64, 128, 150)
+    assert [derived.prompt_width(n) for n in (1, 64, 65, 150)] == [64, 64, 128, 150]
+    rl.epochs = 2
+    assert derived.total_steps(steps_per_epoch=5) == 10
+    rl.max_steps = 3
+    assert derived.total_steps(steps_per_epoch=5) == 3
+
+
+def test_micro_batches_must_divide_the_completions_of_a_rank():
+    cfg = GRPOConfig()  # 4 prompts x 8 completions
+    check_micro_batches(cfg)
+    cfg.ref_config.ref_model_batch_size = 24
+    assert list(micro_batch_problems(cfg)) == ["ref_config.ref_model_batch_size"]
+    with pytest.raises(ConfigError, match="ref_model_batch_size = 24 does not divide .* = 32"):
+        check_micro_batches(cfg)
+
+
+def test_config_is_a_leaf():
+    """Importing the config loads neither MindSpore nor another mindgrpo package (but the registry of choices)."""
+    code = ("import sys, mindgrpo.config; print(sorted(m for m in sys.modules if m.startswith(('mindspore', "
+            "'mindformers', 'mindgrpo.')) and not m.startswith(('mindgrpo.config', 'mindgrpo._env'))))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["['mindgrpo.algorithm',", "'mindgrpo.algorithm.registry']"]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import REPO, SHARED, shared_path
-from mindgrpo import data as data_mod
-from mindgrpo.data import (PROMPT_TEMPLATES, DataError, PromptDataset, convert_dataset, index_path, read_dataset,
-                           render_prompt)
+from mindgrpo.data import mindrecord
+from mindgrpo.data import (PROMPT_TEMPLATES, DataError, PromptDataset, Record, RowError, convert_dataset, index_path,
+                           read_dataset, render_prompt)
 from mindgrpo.rewards import normalize_number
 from mindgrpo.data.tokenizer import load_tokenizer
 
@@ -230,7 +230,7 @@ def test_exception_mid_conversion_leaves_nothing(tokenizer, tmp_path, monkeypatc
 
     # an existing output survives a failed overwrite untouched
     convert(tokenizer, src, tmp_path / "out.mindrecord", prompt_template="raw")
-    monkeypatch.setattr(data_mod, "_check_row_count", lambda *a: (_ for _ in ()).throw(RuntimeError("injected")))
+    monkeypatch.setattr(mindrecord, "_check_row_count", lambda *a: (_ for _ in ()).throw(RuntimeError("injected")))
     with pytest.raises(RuntimeError, match="injected"):
         convert(tokenizer, src, tmp_path / "out.mindrecord", overwrite=True)
     assert leftovers(tmp_path) == ["out.mindrecord", "out.mindrecord.db"]
@@ -249,10 +249,10 @@ def test_kill_between_the_two_renames_leaves_no_readable_pair(tokenizer, tmp_pat
             raise KeyboardInterrupt
         real_replace(a, b)
 
-    monkeypatch.setattr(data_mod.os, "replace", replace_then_die)
+    monkeypatch.setattr(mindrecord.os, "replace", replace_then_die)
     with pytest.raises(KeyboardInterrupt):
         convert(tokenizer, src, out, prompt_template="raw", overwrite=True)
-    monkeypatch.setattr(data_mod.os, "replace", real_replace)
+    monkeypatch.setattr(mindrecord.os, "replace", real_replace)
     assert leftovers(tmp_path) == ["out.mindrecord.db"]  # inert: no data file, so nothing can read a mixed pair
     with pytest.raises(DataError, match="does not exist"):
         PromptDataset(out)
@@ -369,8 +369,8 @@ def test_deepscaler_reader(tmp_path, tokenizer):
         {"problem": "Money?", "answer": "$1,200.0"},  # 7 normalised
     ]))
     rows = list(read_dataset(src, "deepscaler"))
-    good = [(r.line_no, r.question, r.gold) for r in rows if isinstance(r, data_mod.Record)]
-    bad = [(r.line_no, r.kind) for r in rows if isinstance(r, data_mod.RowError)]
+    good = [(r.line_no, r.question, r.gold) for r in rows if isinstance(r, Record)]
+    bad = [(r.line_no, r.kind) for r in rows if isinstance(r, RowError)]
     assert good == [(1, "Compute 1/2 + 0.", "\\frac{1}{2}"), (2, "What is 2+3?", "5"), (3, "What is 7?", "7"),
                     (7, "Money?", "1200")]
     assert bad == [(4, "invalid_json"), (5, "missing_field"), (6, "missing_field")]
@@ -407,9 +407,9 @@ def test_math17k_reader(tmp_path, tokenizer):
     src = tmp_path / "dapo.parquet"
     pq.write_table(table, src)
     rows = list(read_dataset(src, "math17k"))
-    assert [(r.line_no, r.question.split("\n")[0], r.gold) for r in rows if isinstance(r, data_mod.Record)] == [
+    assert [(r.line_no, r.question.split("\n")[0], r.gold) for r in rows if isinstance(r, Record)] == [
         (1, "Solve 2+2.", "4"), (2, "Solve 3*3.", "9")]
-    assert [(r.line_no, r.kind) for r in rows if isinstance(r, data_mod.RowError)] == [
+    assert [(r.line_no, r.kind) for r in rows if isinstance(r, RowError)] == [
         (3, "missing_field"), (4, "missing_field")]
     convert(tokenizer, src, tmp_path / "dapo.mindrecord", dataset_type="math17k", prompt_template="chatml")
     ds = PromptDataset(tmp_path / "dapo.mindrecord")
@@ -538,7 +538,7 @@ def test_prompt_dataset_rejects_foreign_files(tmp_path):
         PromptDataset(tmp_path / "missing.mindrecord")
     newer = tmp_path / "newer.mindrecord"  # right fields, but a format this version cannot read
     writer = FileWriter(str(newer), 1)
-    writer.add_schema(data_mod.mindrecord_schema(4), json.dumps({"format": data_mod.FORMAT_NAME, "version": 99}))
+    writer.add_schema(mindrecord.mindrecord_schema(4), json.dumps({"format": mindrecord.FORMAT_NAME, "version": 99}))
     writer.write_raw_data([{"prompt_ids": np.arange(4, dtype=np.int32), "prompt_length": 4, "gold": "1",
                             "question": "q", "line_no": 1}])
     writer.commit()

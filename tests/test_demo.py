@@ -14,6 +14,8 @@ from safetensors.numpy import load_file
 
 import mindgrpo  # noqa: F401  (before mindspore)
 from mindgrpo.apps import demo
+from mindgrpo.apps.demo import assets
+from mindgrpo.apps.demo.__main__ import main as demo_main
 from mindgrpo.data import PROMPT_TEMPLATES, render_prompt
 from mindgrpo.rewards import extract_answer
 from mindgrpo.data.tokenizer import load_tokenizer
@@ -169,7 +171,7 @@ def test_failed_build_leaves_nothing(tmp_path, monkeypatch):
         (root / "partial.txt").write_text("half")
         raise RuntimeError("interrupted")
 
-    monkeypatch.setattr(demo, "_build", broken)
+    monkeypatch.setattr(assets, "_build", broken)
     with pytest.raises(RuntimeError, match="interrupted"):
         demo.make_demo(tmp_path / "demo", warm_start_steps=0)
     assert list(tmp_path.iterdir()) == []
@@ -185,7 +187,7 @@ def test_concurrent_callers_share_one_build(tmp_path):
 
 
 def test_command_line(tmp_path, capsys):
-    demo.main([str(tmp_path / "demo"), "--warm-start-steps", "0", "--seed", "3"])
+    demo_main([str(tmp_path / "demo"), "--warm-start-steps", "0", "--seed", "3"])
     printed = json.loads(capsys.readouterr().out)
     assert printed["model_dir"] == str(tmp_path / "demo" / "model")
     assert json.loads((tmp_path / "demo" / demo.STAMP).read_text())["recipe"]["seed"] == 3

@@ -11,7 +11,7 @@ import yaml
 
 import mindgrpo  # noqa: F401  (before mindspore)
 from mindgrpo.apps import doctor
-from mindgrpo.__main__ import main as cli_main
+from mindgrpo.cli import main as cli_main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -189,7 +189,7 @@ def test_command_dispatch(capsys):
     from importlib.metadata import entry_points
 
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
-    assert scripts.get("mindgrpo") == "mindgrpo.__main__:main"  # `mindgrpo doctor` runs this main
+    assert scripts.get("mindgrpo") == "mindgrpo.cli:main"  # `mindgrpo doctor` runs this main
     assert cli_main(["config-help"]) == 0 and "rl_config.dataset_file" in capsys.readouterr().out
     assert cli_main(["nonsense"]) == 2 and "unknown command 'nonsense'" in capsys.readouterr().err
     assert cli_main([]) == 2

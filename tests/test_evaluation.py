@@ -150,7 +150,7 @@ class FakeEngine:
 
     def generate(self, prompts, params):
         self.calls.append(([list(p) for p in prompts], params))
-        rows = [[len(p), j, params.seed % 100] for p in prompts for j in range(params.n)]
+        rows = [[len(p), j, params.seed % 100] for p in prompts for j in range(params.num_generations)]
         ids = np.zeros((len(rows), params.max_tokens), np.int32)
         mask = np.zeros_like(ids)
         for r, row in enumerate(rows):
@@ -161,7 +161,7 @@ class FakeEngine:
 def test_generate_completions_batches_by_length_and_restores_order():
     prompts = [[1] * n for n in (5, 2, 9, 2, 7, 1, 3)]
     engine = FakeEngine()
-    params = SamplingParams(max_tokens=4, temperature=1.0, n=3, seed=11)
+    params = SamplingParams(max_tokens=4, temperature=1.0, num_generations=3, seed=11)
     texts, reasons, tokens = generate_completions(engine, FakeTokenizer(), prompts, params, batch_size=7,
                                                   progress=False)
     assert [len(call[0]) for call in engine.calls] == [2, 2, 2, 1]  # 7 rows a call = 2 prompts x 3 samples
@@ -301,7 +301,7 @@ def test_cli_end_to_end_on_tiny_fixture(tiny_model_dir, gsm8k_dir, tmp_path):
 def test_demo_greedy_accuracy_matches_the_demos_own_measurement(tmp_path):
     """The demo measured its model's greedy test accuracy with full forwards and no KV cache (mindgrpo.apps.demo);
     the evaluator, through the KV-cache engine, must find the same (up to a rare near-tie flipping an argmax)."""
-from mindgrpo.apps import demo
+    from mindgrpo.apps import demo
     from mindgrpo.apps.evaluation import evaluate
 
     assets = demo.make_demo(demo.default_demo_dir())  # the cache examples/grpo/main.py and the notebook use

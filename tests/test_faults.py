@@ -209,7 +209,7 @@ def test_resume_skips_a_torn_or_corrupted_checkpoint_for_the_previous_one(tmp_pa
                                                r"model/model.safetensors"):
         trainer = GRPOTrainer(cfg)
     assert trainer.step == 2
-    assert_same_weights(checkpoint_weights(four_step_run, 2), state_dict_hf(trainer.policy.actor))
+    assert_same_weights(checkpoint_weights(four_step_run, 2), state_dict_hf(trainer.worker.actor))
 
 
 # ---- two runs, one folder -------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def test_a_second_run_on_the_same_output_folder_is_refused(tmp_path, prompts, de
     holder. Once the holder is gone (SIGKILL: its lock file is left behind), the next run takes the folder over."""
     import runpy
 
-    import mindgrpo.train.policy
+    import mindgrpo.train.model_worker
     from mindgrpo.train.run_lock import LOCK_NAME, RunLockError
     from mindgrpo.train.trainer import GRPOTrainer
 
@@ -233,7 +233,7 @@ def test_a_second_run_on_the_same_output_folder_is_refused(tmp_path, prompts, de
         assert holder.stdout.readline().strip() == "locked"
         cfg = make_config(out, prompts, demo_plain.model_dir, max_steps=1)
         built = []
-        monkeypatch.setattr(mindgrpo.train.policy, "Policy", lambda *a, **k: built.append(1))
+        monkeypatch.setattr(mindgrpo.train.model_worker, "ModelWorker", lambda *a, **k: built.append(1))
         with pytest.raises(RunLockError, match=rf"output_dir = {out} is in use by process {holder.pid} on "):
             GRPOTrainer(cfg)
         assert not built  # refused before the model was built
@@ -266,7 +266,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, promp
     trainer = GRPOTrainer(cfg)
     for _ in range(2):
         trainer.train_step()
-    good = state_dict_hf(trainer.policy.actor)
+    good = state_dict_hf(trainer.worker.actor)
     toy_verifiers.POISON["on"] = True
     try:
         with pytest.raises(TrainingError, match=r"step 5: 3 steps in a row had a non-finite loss or gradient"):
@@ -276,7 +276,7 @@ def test_non_finite_updates_are_skipped_counted_and_stop_the_run(tmp_path, promp
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["grpo/skipped_updates"] > 0 for r in rows] == [False, False, True, True]
-    now = state_dict_hf(trainer.policy.actor)
+    now = state_dict_hf(trainer.worker.actor)
     assert all(np.isfinite(now[k]).all() for k in now)
     assert_same_weights(good, now)
     newest = CheckpointManager(out / "checkpoints").latest()
@@ -351,12 +351,12 @@ def _copy_model(demo, dest: Path) -> Path:
 
 @pytest.fixture
 def no_model_build(monkeypatch):
-    """Fail the test if the trainer gets as far as building the policy (loading weights, compiling)."""
-    import mindgrpo.train.policy
+    """Fail the test if the trainer gets as far as building the models (loading weights, compiling)."""
+    import mindgrpo.train.model_worker
 
     def refuse(*args, **kwargs):
-        raise AssertionError("the trainer built the policy before refusing its inputs")
-    monkeypatch.setattr(mindgrpo.train.policy, "Policy", refuse)
+        raise AssertionError("the trainer built the models before refusing its inputs")
+    monkeypatch.setattr(mindgrpo.train.model_worker, "ModelWorker", refuse)
 
 
 def test_mindrecord_made_with_another_tokenizer_is_refused(tmp_path, prompts, demo_plain, no_model_build):
@@ -455,7 +455,7 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
         from mindgrpo.train.trainer import GRPOTrainer
         trainer = GRPOTrainer(load_config({str(cfg_path)!r}))
         trainer.train()
-        np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.policy.actor))
+        np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.worker.actor))
         """))
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
            f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]
@@ -494,7 +494,8 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_res
     state of the cluster is error"; all seen here), well within 2 minutes and never with exit code 0. Either way
     its own log names the lost rank and its pid (mindgrpo/train/peers.py), as does the scheduler's by node id. Then
     ``--resume_training`` under msrun continues from the last checkpoint: every step is logged once."""
-    from mindgrpo.train.checkpoint import CheckpointManager, pid_alive
+    from mindgrpo._io import pid_alive
+    from mindgrpo.train.checkpoint import CheckpointManager
 
     cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=100000,
                                      save_ckpt_interval=2), 2)

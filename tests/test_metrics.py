@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.train.metrics import METRIC_NAMES, MetricsLogger, read_metrics, throughput_tps
+from mindgrpo.train.metrics import METRIC_ALIASES, METRIC_NAMES, MetricsLogger, read_metrics, throughput_tps
 
 
 def _strict_json(line: str):
@@ -236,8 +236,25 @@ def test_throughput_formula_on_hand_computed_numbers():
 
 def test_metric_names_cover_the_standard_set():
     required = {"timing/all", "timing/rollout", "timing/reference_model", "timing/old_log_p", "timing/update",
-                "timing/resharding_to_infer", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
+                "timing/weight_sync", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
                 "actor/ppo_kl", "grad_norm", "grpo/lr", "grpo/rewards/mean", "grpo/rewards/max", "grpo/rewards/min",
-                "e2e_tps", "update_tps", "vllm_tps"}
+                "e2e_tps", "update_tps", "rollout_tps"}
     required |= {f"{kind}_length/{stat}" for kind in ("response", "prompt") for stat in ("mean", "max", "min")}
     assert set(METRIC_NAMES) == required and len(METRIC_NAMES) == len(required)
+
+
+def test_old_mindrlhf_names_are_written_as_aliases_in_jsonl_only(tmp_path):
+    """For one release metrics.jsonl also carries each renamed metric under its MindRLHF name; TensorBoard and the
+    console keep to the new names."""
+    assert METRIC_ALIASES == {"rollout_tps": "vllm_tps", "timing/weight_sync": "timing/resharding_to_infer"}
+    assert set(METRIC_ALIASES) <= set(METRIC_NAMES) and not set(METRIC_ALIASES.values()) & set(METRIC_NAMES)
+    with _logger(tmp_path, tensorboard=True) as logger:
+        logger.log(1, {"rollout_tps": 123.0, "timing/weight_sync": 0.5, "grad_norm": 1.0})
+        logger.log(2, {"grad_norm": 2.0})  # a step without the renamed metrics gets no aliases either
+
+    first, second = _lines(tmp_path / "metrics.jsonl")
+    assert first["vllm_tps"] == first["rollout_tps"] == 123.0
+    assert first["timing/resharding_to_infer"] == first["timing/weight_sync"] == 0.5
+    assert set(second) == {"step", "time", "grad_norm"}
+    tags = {tag for tag, _, _ in _scalars(_read_events(tmp_path / "tensorboard"))}
+    assert tags == {"rollout_tps", "timing/weight_sync", "grad_norm"}

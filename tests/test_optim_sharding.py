@@ -174,7 +174,7 @@ def test_tp_norm_counts_each_copy_once(ms_mode):
     from mindspore import ParameterTuple, nn
 
     from mindgrpo.train.distributed import DistInfo
-    from mindgrpo.train.policy import ReduceAndClip
+    from mindgrpo.train.step_graphs import ReduceAndClip
 
     class LoneRank(nn.Cell):
         def construct(self, x):
@@ -213,7 +213,7 @@ def test_reduce_and_clip_without_parallelism_is_plain_clipping(ms_mode):
 
     from mindgrpo.train.distributed import DistInfo
     from mindgrpo.train.optim import clip_by_global_norm
-    from mindgrpo.train.policy import ReduceAndClip
+    from mindgrpo.train.step_graphs import ReduceAndClip
 
     rng = np.random.default_rng(2)
     grads = [rng.normal(size=s).astype(np.float32) for s in [(5, 3), (3,), (2, 4)]]
@@ -238,7 +238,7 @@ from mindgrpo.train.distributed import init_distributed
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.train.optim import AdamW, clip_by_global_norm
 from mindgrpo.train.optim_state import rank_metadata
-from mindgrpo.train.policy import ApplyGradients, ReduceAndClip
+from mindgrpo.train.step_graphs import ApplyGradients, ReduceAndClip
 
 out = sys.argv[1]
 dist = init_distributed(1)  # DP = 2

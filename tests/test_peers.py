@@ -21,7 +21,7 @@ def test_a_peer_whose_process_ended_is_named_and_a_live_one_is_not(tmp_path):
 def test_sigterm_raises_then_the_process_exits_after_the_grace(tmp_path):
     script = textwrap.dedent(f"""
         import os, signal, time
-from mindgrpo.train import peers
+        from mindgrpo.train import peers
         before = signal.getsignal(signal.SIGTERM)
         try:
             with peers.sigterm_raises({str(tmp_path)!r}, rank=0, world_size=2, grace=1):

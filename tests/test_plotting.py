@@ -61,8 +61,8 @@ def trainer_run(tmp_path_factory):
     return root / "run"
 
 
-def write_run(folder: Path, steps: int, *, drop=(), scale: float = 1.0, nan_at=None) -> Path:
-    """A synthetic run written by the real MetricsLogger, without the keys in `drop`."""
+def write_run(folder: Path, steps: int, *, drop=(), scale: float = 1.0, nan_at=None, extra=None) -> Path:
+    """A synthetic run written by the real MetricsLogger, without the keys in `drop`, with those of `extra`."""
     with MetricsLogger(folder, tensorboard=False, console=False) as logger:
         for step in range(1, steps + 1):
             m = {"grpo/rewards/mean": scale * step / steps, "grpo/rewards/min": 0.0, "grpo/rewards/max": scale,
@@ -72,6 +72,7 @@ def write_run(folder: Path, steps: int, *, drop=(), scale: float = 1.0, nan_at=N
                  "e2e_tps": 1000.0 * step, "timing/all": 2.0, "timing/rollout": 1.0, "timing/update": 0.5}
             if step == nan_at:
                 m["actor/pg_loss"] = math.nan
+            m.update(extra or {})
             logger.log(step, {k: v for k, v in m.items() if k not in drop})
     return folder
 
@@ -206,3 +207,19 @@ def test_matplotlib_is_optional_and_loaded_lazily(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     with pytest.raises(ImportError, match=r'pip install "mindgrpo\[plot\]"'):
         plot_runs([run], tmp_path / "plots")
+
+
+def test_old_and_new_weight_sync_names_make_one_phase(tmp_path):
+    """A run of MindRLHF's names (timing/resharding_to_infer) and one of the new names, which also writes the old
+    as an alias, both read as timing/weight_sync: one bar, not two."""
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "metrics.jsonl").write_text("".join(json.dumps({"step": step, "timing/all": 2.0, "timing/rollout": 1.0,
+                                                           "timing/resharding_to_infer": 0.25}) + "\n"
+                                               for step in (1, 2)), encoding="utf-8")
+    new = write_run(tmp_path / "new", 2, extra={"timing/weight_sync": 0.5})
+    for folder, seconds in ((old, 0.25), (new, 0.5)):
+        run = load_run(folder)
+        assert "timing/resharding_to_infer" not in run.values
+        np.testing.assert_array_equal(run.values["timing/weight_sync"], [seconds, seconds])
+    assert "timing.png" in {p.name for p in plot_runs([old, new], tmp_path / "plots", only=["timing"])}

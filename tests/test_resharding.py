@@ -292,7 +292,7 @@ def test_config_refuses_a_vllm_layout_the_resharding_cannot_serve(tmp_path):
 
 
 def test_doctor_says_the_vllm_backend_has_not_run():
-from mindgrpo.apps import doctor
+    from mindgrpo.apps import doctor
     from mindgrpo.config import GRPOConfig
 
     config = GRPOConfig()

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mindgrpo  # noqa: F401  (must precede any MindSpore import; rewards itself imports none)
-from mindgrpo import rewards
+from mindgrpo.rewards import verifiers
 from mindgrpo.rewards import (
     RewardScorer,
     VerifierError,
@@ -39,9 +39,9 @@ FAST = settings(max_examples=200, deadline=None)
 @pytest.fixture
 def registry(monkeypatch):
     """A private copy of the verifier registry, so tests can register functions without leaking them."""
-    monkeypatch.setattr(rewards, "VERIFIERS", dict(rewards.VERIFIERS))
-    monkeypatch.setattr(rewards, "FORMAT_VERIFIERS", set(rewards.FORMAT_VERIFIERS))
-    return rewards.VERIFIERS
+    monkeypatch.setattr(verifiers, "VERIFIERS", dict(verifiers.VERIFIERS))
+    monkeypatch.setattr(verifiers, "FORMAT_VERIFIERS", set(verifiers.FORMAT_VERIFIERS))
+    return verifiers.VERIFIERS
 
 
 @pytest.fixture
@@ -484,10 +484,10 @@ def test_hash_format_reward(completion, expected):
 
 
 def test_builtin_registry_and_aliases():
-    assert rewards.VERIFIERS["accuracy_reward"] is rewards.VERIFIERS["accuracy"] is accuracy_reward
-    assert rewards.VERIFIERS["format_reward"] is rewards.VERIFIERS["format"] is format_reward
-    assert rewards.VERIFIERS["hash_format_reward"] is hash_format_reward
-    assert format_reward in rewards.FORMAT_VERIFIERS and accuracy_reward not in rewards.FORMAT_VERIFIERS
+    assert verifiers.VERIFIERS["accuracy_reward"] is verifiers.VERIFIERS["accuracy"] is accuracy_reward
+    assert verifiers.VERIFIERS["format_reward"] is verifiers.VERIFIERS["format"] is format_reward
+    assert verifiers.VERIFIERS["hash_format_reward"] is hash_format_reward
+    assert format_reward in verifiers.FORMAT_VERIFIERS and accuracy_reward not in verifiers.FORMAT_VERIFIERS
 
 
 def test_register_verifier(registry):
@@ -665,7 +665,7 @@ def test_scorer_counts_failures_and_never_raises(registry, caplog):
 
     scorer = RewardScorer(["explodes_on_boom", "nan_on_odd", "accuracy_reward"], [1.0, 2.0, 4.0])
     completions = ["ok", "boom", "odd", "#### 72 boom"]
-    with caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+    with caplog.at_level(logging.WARNING, logger="mindgrpo.rewards.scorer"):
         batch = scorer.score(completions, ["72"] * 4)
         scorer.score(completions, ["72"] * 4)
     np.testing.assert_array_equal(batch.per_verifier["explodes_on_boom"], [1.0, 0.0, 1.0, 0.0])
@@ -739,7 +739,7 @@ def test_a_verifier_that_hangs_is_cut_at_the_timeout_and_counted(caplog):
     by the replacement workers."""
     scorer = RewardScorer(["toy_verifiers:hangs_on_request", "accuracy_reward"], verifier_timeout=1.0,
                           verifier_parallel=2)
-    with scorer, caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+    with scorer, caplog.at_level(logging.WARNING, logger="mindgrpo.rewards.scorer"):
         start = time.monotonic()
         batch = scorer.score(["#### 72", "sleep", "regex", "fine"], ["72"] * 4)
         elapsed = time.monotonic() - start
@@ -758,7 +758,7 @@ def test_a_verifier_that_hangs_is_cut_at_the_timeout_and_counted(caplog):
 def test_a_worker_that_dies_or_returns_a_value_it_cannot_send_costs_that_completion(caplog):
     names = ["toy_verifiers:dies_on_request", "toy_verifiers:returns_a_function_on_request"]
     with RewardScorer(names, verifier_parallel=1) as scorer, \
-            caplog.at_level(logging.WARNING, logger="mindgrpo.rewards"):
+            caplog.at_level(logging.WARNING, logger="mindgrpo.rewards.scorer"):
         batch = scorer.score(["ab", "die", "function", "abcd"], ["0"] * 4)
     np.testing.assert_array_equal(batch.per_verifier[names[0]], [2.0, 0.0, 8.0, 4.0])
     np.testing.assert_array_equal(batch.per_verifier[names[1]], [2.0, 3.0, 0.0, 4.0])
@@ -920,7 +920,8 @@ def test_worker_options_are_checked(registry):
         RewardScorer(["accuracy_reward", "format_reward"], aggregation="normalize_then_sum",
                      gate_accuracy_on_format=True)
     with pytest.raises(ValueError, match=r"3 completions, not whole groups of 2"):
-        RewardScorer(["accuracy_reward"], aggregation="normalize_then_sum", group_size=2).score(["a"] * 3, ["1"] * 3)
+        RewardScorer(["accuracy_reward"], aggregation="normalize_then_sum",
+                     num_generations=2).score(["a"] * 3, ["1"] * 3)
 
 
 def test_reward_config_keys_are_documented_and_validated():
@@ -990,9 +991,9 @@ def test_normalize_then_sum_by_hand(two_objectives):
     accuracy, and the correct completion gets the lower reward; normalised first, each objective counts equally."""
     register_verifier("length_like")(lambda completion, gold, **context: {"a": 10.0, "b": 30.0}[completion])
     names = ["objective_0", "length_like"]
-    summed = RewardScorer(names, AGG_WEIGHTS, group_size=2).score(["a", "b"], ["", ""])
+    summed = RewardScorer(names, AGG_WEIGHTS, num_generations=2).score(["a", "b"], ["", ""])
     np.testing.assert_array_equal(summed.aggregated, [6.0, 15.0])  # 1 + 0.5 * 10, 0 + 0.5 * 30
-    scorer = RewardScorer(names, AGG_WEIGHTS, aggregation="normalize_then_sum", group_size=2)
+    scorer = RewardScorer(names, AGG_WEIGHTS, aggregation="normalize_then_sum", num_generations=2)
     batch = scorer.score(["a", "b"], ["", ""])
     # accuracy: mean 0.5, unbiased std sqrt(0.5); score: mean 20, unbiased std sqrt(200)
     accuracy = 0.5 / (math.sqrt(0.5) + 1e-4)
@@ -1000,7 +1001,7 @@ def test_normalize_then_sum_by_hand(two_objectives):
     np.testing.assert_allclose(batch.aggregated, [accuracy - 0.5 * score, -accuracy + 0.5 * score], rtol=1e-6)
     assert batch.aggregated[0] > batch.aggregated[1]
     np.testing.assert_array_equal(batch.total, [6.0, 15.0])  # the logged reward is still the weighted sum
-    single = RewardScorer(names, aggregation="normalize_then_sum", group_size=1).score(["a", "b"], ["", ""])
+    single = RewardScorer(names, aggregation="normalize_then_sum", num_generations=1).score(["a", "b"], ["", ""])
     np.testing.assert_array_equal(single.aggregated, [0.0, 0.0])  # a group of one has no spread (as TRL)
 
 
@@ -1012,7 +1013,7 @@ def test_aggregations_give_trl_advantages(two_objectives, aggregation, scale_rew
     from mindgrpo.algorithm import group_advantages
 
     completions = list(AGG_SCORES)
-    scorer = RewardScorer(two_objectives, AGG_WEIGHTS, aggregation=aggregation, group_size=3)
+    scorer = RewardScorer(two_objectives, AGG_WEIGHTS, aggregation=aggregation, num_generations=3)
     batch = scorer.score(completions, [""] * len(completions))
     advantages, _ = group_advantages(batch.aggregated, 3, scale_rewards=scale_rewards)
     per_func = np.array([AGG_SCORES[c] for c in completions], dtype=np.float64)
@@ -1030,11 +1031,11 @@ def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifie
     import json
 
     from conftest import small_run_config
-from mindgrpo.train import peers
     from mindgrpo.data import convert_dataset
-    from mindgrpo.train.metrics import read_metrics
-    from mindgrpo.models import state_dict_hf
     from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.models import state_dict_hf
+    from mindgrpo.train import peers
+    from mindgrpo.train.metrics import read_metrics
     from mindgrpo.train.trainer import GRPOTrainer
 
     source, dataset, run = tmp_path / "train.jsonl", tmp_path / "train.mindrecord", tmp_path / "run"
@@ -1048,8 +1049,8 @@ from mindgrpo.train import peers
     cfg.reward_config.verifier_timeout, cfg.reward_config.verifier_parallel = 1.0, 2
     cfg.reward_config.aggregation, cfg.reward_config.verifier_weight = "normalize_then_sum", [1.0, 0.5]
     trainer = GRPOTrainer(cfg)
-    advantages, computed = trainer.policy.advantages, []
-    monkeypatch.setattr(trainer.policy, "advantages", lambda rewards: computed.append(advantages(rewards)) or
+    advantages, computed = trainer.worker.advantages, []
+    monkeypatch.setattr(trainer.worker, "advantages", lambda rewards: computed.append(advantages(rewards)) or
                         computed[-1])
     trainer.train_step()
     row = read_metrics(run)[-1]
@@ -1065,7 +1066,7 @@ from mindgrpo.train import peers
     expected = _trl_advantages(per_func, np.array([1.0, 0.5]), 4, "normalize_then_sum")
     np.testing.assert_allclose(computed[0][0], expected, rtol=1e-5, atol=1e-5)
 
-    before = state_dict_hf(trainer.policy.actor)
+    before = state_dict_hf(trainer.worker.actor)
     trainer.scorer.close()
     trainer.scorer = RewardScorer(["toy_verifiers:always_raises"])
     trainer.dist = dataclasses.replace(trainer.dist, world_size=2)
@@ -1073,7 +1074,7 @@ from mindgrpo.train import peers
     with pytest.raises(VerifierError, match=r"verifier 'toy_verifiers:always_raises' failed on all 8 completions "
                                             r"of this batch.*raised ValueError: broken verifier saw"):
         trainer.train()
-    after = state_dict_hf(trainer.policy.actor)
+    after = state_dict_hf(trainer.worker.actor)
     assert all(np.array_equal(before[name], after[name]) for name in before)
     assert [r["step"] for r in read_metrics(run)] == [1]
 
@@ -1108,12 +1109,12 @@ def test_normalize_number_is_idempotent(text):
     assert normal is None or normalize_number(normal) == normal
 
 
-@pytest.mark.parametrize("name", sorted(rewards.VERIFIERS))
+@pytest.mark.parametrize("name", sorted(verifiers.VERIFIERS))
 @FAST
 @given(completion=arbitrary_text, gold=st.one_of(valid_golds, arbitrary_text), prompt=arbitrary_text,
        fallback=st.booleans())
 def test_every_verifier_is_total_on_arbitrary_text(name, completion, gold, prompt, fallback):
-    score = rewards.VERIFIERS[name](completion, gold, prompt=prompt, fallback_last_number=fallback, extra=object())
+    score = verifiers.VERIFIERS[name](completion, gold, prompt=prompt, fallback_last_number=fallback, extra=object())
     assert isinstance(score, float) and score in (0.0, 1.0)
 
 

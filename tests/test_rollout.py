@@ -3,7 +3,7 @@
 References are independent of the code under test: transformers' Qwen2 on the fixture weights, the
 ``mindgrpo.models`` forward (MindFormers' layers) on a small random Qwen2 (tied and untied), and transformers'
 logits warpers for the sampling options. Engines are module-scoped: every distinct bucket costs a graph
-compilation, so the tests share a few buckets (3 distinct prompts x n=2 -> prompt batch 4, batch 8, prompt
+compilation, so the tests share a few buckets (3 distinct prompts x num_generations=2 -> prompt batch 4, batch 8, prompt
 length 16, max_tokens <= 32).
 """
 import dataclasses
@@ -191,7 +191,7 @@ def test_plain_decode_graph_matches_full_forward_and_the_fused_kernels(random_mo
     continuations = [rng.integers(0, VOCAB, size=n).tolist() for n in (30, 2, 17, 11, 24, 5)]
     for ours, twin in zip(fused.forced_logits(rows, continuations), plain.forced_logits(rows, continuations)):
         np.testing.assert_allclose(ours, twin, rtol=0, atol=1e-5 * np.abs(twin).max())
-    params = SamplingParams(max_tokens=20, temperature=0, n=2)
+    params = SamplingParams(max_tokens=20, temperature=0, num_generations=2)
     fused_tokens, plain_tokens = (engine.generate(PROMPTS, params).completion_ids for engine in (fused, plain))
     assert np.array_equal(fused_tokens, plain_tokens)
     assert {type(graph).__name__ for graph in fused.bucket_for(rows, 20).decode.values()} == {"FusedDecodeGraph"}
@@ -213,9 +213,9 @@ def test_float16_compute_with_float32_weights(tmp_path):
 
 
 def test_native_greedy_matches_recomputed_forward(random_actor, native):
-    """Greedy rollouts, n=2 per prompt (prompt-major), equal greedy decoding by full recomputation."""
+    """Greedy rollouts, num_generations=2 per prompt (prompt-major), equal greedy decoding by full recomputation."""
     steps = 10
-    result = native.generate(PROMPTS, SamplingParams(max_tokens=steps, temperature=0, n=2))
+    result = native.generate(PROMPTS, SamplingParams(max_tokens=steps, temperature=0, num_generations=2))
     assert result.completion_ids.shape == (6, steps) and result.completion_ids.dtype == np.int32
     def last_logits(seqs):
         full = full_forward_logits(random_actor, seqs)
@@ -229,10 +229,11 @@ def test_native_greedy_matches_recomputed_forward(random_actor, native):
 def test_sampling_logprobs_rows_and_seeds(native):
     """Seeded sampling is reproducible and seed-dependent; rows are prompt-major (row r continues prompt r // n)
     and its log-probs are those of the tempered distribution recomputed from that prompt's forced logits."""
-    params = SamplingParams(max_tokens=12, temperature=2.0, n=2, seed=11, logprobs=True)
+    params = SamplingParams(max_tokens=12, temperature=2.0, num_generations=2, seed=11, logprobs=True)
     first = native.generate(PROMPTS, params)
     again = native.generate(PROMPTS, params)
-    other = native.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=2.0, n=2, seed=12, logprobs=True))
+    other = native.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=2.0, num_generations=2, seed=12,
+                                                    logprobs=True))
     assert np.array_equal(first.completion_ids, again.completion_ids)
     assert np.array_equal(first.logprobs, again.logprobs)
     assert not np.array_equal(first.completion_ids, other.completion_ids)
@@ -251,18 +252,19 @@ def test_sampling_logprobs_rows_and_seeds(native):
 
 
 def test_top_k_one_is_greedy(native):
-    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, n=2))
-    top1 = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=2.0, top_k=1, n=2, seed=5))
+    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=0, num_generations=2))
+    top1 = native.generate(PROMPTS, SamplingParams(max_tokens=8, temperature=2.0, top_k=1, num_generations=2, seed=5))
     assert np.array_equal(greedy.completion_ids, top1.completion_ids)
 
 
 def test_stop_tokens_mask_and_min_tokens(native):
     """A stop id ends the row (kept, mask 1, reason "stop", pad after); min_tokens suppresses it until reached."""
-    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, n=2)).completion_ids
+    greedy = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, num_generations=2)).completion_ids
     # a row and a token that first appears at position >= 2 of its greedy completion
     row, stop_at = next((r, i) for r in range(0, 6, 2) for i in range(2, 10) if greedy[r, i] not in greedy[r, :i])
     stop = int(greedy[row, stop_at])
-    result = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop,), n=2))
+    result = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop,),
+                                                     num_generations=2))
     for r in range(6):
         ids, mask = result.completion_ids[r], result.completion_mask[r]
         if r in (row, row + 1):
@@ -274,7 +276,7 @@ def test_stop_tokens_mask_and_min_tokens(native):
             assert stop not in ids[mask == 1][:-1]
 
     held = native.generate(PROMPTS, SamplingParams(max_tokens=10, temperature=0, stop_token_ids=(stop,),
-                                                   min_tokens=stop_at + 2, n=2))
+                                                   min_tokens=stop_at + 2, num_generations=2))
     ids = held.completion_ids[row].tolist()
     assert ids[:stop_at] == greedy[row, :stop_at].tolist() and ids[stop_at] != stop  # next-best token instead
     assert stop not in ids[:stop_at + 2]
@@ -284,7 +286,7 @@ def test_stop_tokens_mask_and_min_tokens(native):
 def test_weight_updates_reach_the_next_rollout(random_actor, native):
     """The native engine reads the actor's Parameters: an in-place update (as an optimizer does) and a
     set_data both change the next rollout, which then matches the forward with the new weights."""
-    params = SamplingParams(max_tokens=6, temperature=0, n=2)
+    params = SamplingParams(max_tokens=6, temperature=0, num_generations=2)
     before = native.generate(PROMPTS, params).completion_ids
     head = random_actor.model.norm_out.weight
     saved = head.asnumpy().copy()
@@ -346,7 +348,7 @@ def test_compaction_samples_what_decoding_every_row_samples(random_models, varia
     engine, reference = random_models(variant)[1], random_models(variant + "-nocompact")[1]
     rows = [p for p in PROMPTS for _ in range(2)]
     for settings in (dict(temperature=0), dict(temperature=1.5, top_p=0.9, top_k=200, repetition_penalty=1.2)):
-        settings.update(max_tokens=24, n=2, seed=7, logprobs=True)
+        settings.update(max_tokens=24, num_generations=2, seed=7, logprobs=True)
         stops = ragged_stop_ids(reference, SamplingParams(**settings))
         params = SamplingParams(**settings, stop_token_ids=stops)
         ours, used = decode_batches_used(engine, rows, params)
@@ -366,25 +368,28 @@ def test_nothing_compiles_after_a_bucket_is_built(random_actor):
     """A bucket compiles its prefill and all its decode batches when it is built, so later rollouts in known
     buckets compile nothing, whatever their lengths (compaction picks among batches compiled up front)."""
     engine = build_rollout_engine("native", random_actor, **ENGINE)
-    engine.generate(PROMPTS, SamplingParams(max_tokens=8, min_tokens=8, n=2, seed=0))  # every row to the limit
+    # every row to the limit
+    engine.generate(PROMPTS, SamplingParams(max_tokens=8, min_tokens=8, num_generations=2, seed=0))
     assert (engine.compiled_graphs(), len(engine.buckets_built)) == (1 + 3, 1)  # prefill, decode batches 2, 4, 8
     for seed in range(3):  # rows end at other steps each time
-        sampled = SamplingParams(max_tokens=24, temperature=1.5, n=2, seed=seed)
+        sampled = SamplingParams(max_tokens=24, temperature=1.5, num_generations=2, seed=seed)
         ragged = dataclasses.replace(sampled, stop_token_ids=ragged_stop_ids(engine, sampled))
         lengths = engine.generate(PROMPTS, ragged).completion_mask.sum(1)
         assert lengths.min() < lengths.max()
     other_prompts = [[1, 2], [3] * 15, [4, 5, 6, 7]]  # other lengths, same prompt-length bucket (16)
-    engine.generate(other_prompts, SamplingParams(max_tokens=30, temperature=0.5, top_p=0.9, n=2, seed=1))
-    engine.generate(PROMPTS + [[8]], SamplingParams(max_tokens=5, n=2, seed=2))  # 4 prompts x 2 still fit
+    engine.generate(other_prompts, SamplingParams(max_tokens=30, temperature=0.5, top_p=0.9, num_generations=2, seed=1))
+    engine.generate(PROMPTS + [[8]], SamplingParams(max_tokens=5, num_generations=2, seed=2))  # 4 prompts x 2 still fit
     assert (engine.compiled_graphs(), len(engine.buckets_built)) == (4, 1)
-    engine.generate([[1] * 20], SamplingParams(max_tokens=4, n=2))  # a longer prompt, 2 rows: one new bucket
+    # a longer prompt, 2 rows: one new bucket
+    engine.generate([[1] * 20], SamplingParams(max_tokens=4, num_generations=2))
     assert (engine.compiled_graphs(), len(engine.buckets_built)) == (4 + 2, 2)
 
 
 def test_requests_larger_than_a_batch_run_in_chunks(native):
-    """9 prompts x n=2 = 18 rows > max_batch_size 8: chunks keep prompt-major order and match single calls."""
+    """9 prompts x num_generations=2 = 18 rows > max_batch_size 8: chunks keep prompt-major order and match single
+    calls."""
     prompts = [[i + 1, 2 * i + 3, 50 + i] for i in range(9)]
-    params = SamplingParams(max_tokens=5, temperature=0, n=2)
+    params = SamplingParams(max_tokens=5, temperature=0, num_generations=2)
     result = native.generate(prompts, params)
     assert result.completion_ids.shape == (18, 5)
     single = native.generate(prompts[7:8], params)
@@ -397,12 +402,13 @@ def test_mindformers_backend_agrees_with_native_and_syncs(random_actor, native):
     repetition penalty and min_tokens); it sees new actor weights only after sync_weights()."""
     engine = build_rollout_engine("mindformers", random_actor, eos_token_id=EOS, pad_token_id=PAD,
                                   max_prompt_length=32, max_batch_size=8)
-    params = SamplingParams(max_tokens=8, temperature=0, n=2, repetition_penalty=1.3, min_tokens=3, logprobs=True)
+    params = SamplingParams(max_tokens=8, temperature=0, num_generations=2, repetition_penalty=1.3, min_tokens=3,
+                            logprobs=True)
     ours, theirs = native.generate(PROMPTS, params), engine.generate(PROMPTS, params)
     assert np.array_equal(ours.completion_ids, theirs.completion_ids)
     assert np.abs(ours.logprobs - theirs.logprobs).max() < 1e-4
 
-    sampled = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, n=2, seed=4)
+    sampled = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, num_generations=2, seed=4)
     assert np.array_equal(engine.generate(PROMPTS, sampled).completion_ids,
                           engine.generate(PROMPTS, sampled).completion_ids)
 

@@ -123,9 +123,9 @@ for path in paths:  # several runs in one process: the process groups are set up
     config = load_config(path, overrides)
     trainer = GRPOTrainer(config)
     trainer.train()
-    policy = trainer.policy
-    state = sum(p.nbytes for p in (*policy.params, *policy._accumulators, *policy.optimizer.exp_avg,
-                                   *policy.optimizer.exp_avg_sq))
+    worker = trainer.worker
+    state = sum(p.nbytes for p in (*worker.params, *worker._accumulators, *worker.optimizer.exp_avg,
+                                   *worker.optimizer.exp_avg_sq))
     with open(config.rl_config.output_dir + f"/state_rank{trainer.dist.rank}.json", "w") as f:
         json.dump({"model_state_bytes": state}, f)
 """

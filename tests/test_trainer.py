@@ -80,7 +80,7 @@ def test_completions_and_checkpoint(trained_run):
     assert {"model", "optimizer", "trainer"} <= {p.name for p in ckpt.iterdir()}
     from mindgrpo.models import state_dict_hf
 
-    saved, live = final_weights(out), state_dict_hf(trainer.policy.actor)
+    saved, live = final_weights(out), state_dict_hf(trainer.worker.actor)
     assert saved.keys() == live.keys()
     for name in saved:
         np.testing.assert_array_equal(saved[name], live[name])
@@ -91,7 +91,7 @@ def test_weights_moved(trained_run, tiny_model_dir):
 
     _, trainer = trained_run
     start = state_dict_hf(build_model(tiny_model_dir, role="reference"))
-    now = state_dict_hf(trainer.policy.actor)
+    now = state_dict_hf(trainer.worker.actor)
     assert max(np.abs(now[k] - start[k]).max() for k in now) > 1e-4
 
 
@@ -121,27 +121,27 @@ def test_precompile_leaves_the_weights_and_a_skipped_update_keeps_them(tmp_path,
     from mindgrpo.train.trainer import GRPOTrainer
 
     trainer = GRPOTrainer(make_config(tmp_path / "run", prompts, tiny_model_dir, max_steps=2))
-    policy = trainer.policy
+    worker = trainer.worker
 
     def assert_unchanged(weights, optimizer_steps):
-        now = state_dict_hf(policy.actor)
+        now = state_dict_hf(worker.actor)
         assert all(np.array_equal(now[k], weights[k]) for k in weights)
-        assert all(not acc.asnumpy().any() for acc in policy._accumulators)
-        assert policy.optimizer.step_count == optimizer_steps
+        assert all(not acc.asnumpy().any() for acc in worker._accumulators)
+        assert worker.optimizer.step_count == optimizer_steps
 
-    initial = state_dict_hf(policy.actor)
+    initial = state_dict_hf(worker.actor)
     trainer.precompile()
     assert_unchanged(initial, 0)
-    graphs = policy.compiled_graphs()
+    graphs = worker.compiled_graphs()
     trainer.train_step()
-    assert policy.compiled_graphs() - graphs == 2
+    assert worker.compiled_graphs() - graphs == 2
 
     # Advantages this large overflow the gradients to inf (a NaN advantage would zero them in the clipped branch),
     # so the skipped update has non-zero accumulated gradients to drop.
-    trained = state_dict_hf(policy.actor)
-    data = trainer.last_rollouts
-    huge = np.full(len(data.completion_ids), 3e38, np.float32)
-    metrics = policy.update(data, huge, None, np.zeros(data.completion_mask.shape, np.float32), total_steps=2)
+    trained = state_dict_hf(worker.actor)
+    rollouts = trainer.last_rollouts
+    huge = np.full(len(rollouts.completion_ids), 3e38, np.float32)
+    metrics = worker.update(rollouts, huge, None, np.zeros(rollouts.completion_mask.shape, np.float32), total_steps=2)
     assert metrics["skipped"] == 1.0
     assert_unchanged(trained, 1)
 
@@ -156,7 +156,7 @@ def test_packed_micro_batches_compile_once(tmp_path, prompts, tiny_model_dir):
     config.actor_config.max_tokens_per_micro_batch = 24  # two rows of the 12-token limit per forward
     trainer = GRPOTrainer(config)
     trainer.precompile()
-    graphs = trainer.policy.compiled_graphs()
+    graphs = trainer.worker.compiled_graphs()
     metrics = trainer.train()
-    assert trainer.policy.compiled_graphs() - graphs == 2
+    assert trainer.worker.compiled_graphs() - graphs == 2
     assert all(np.isfinite(metrics[key]) for key in ("actor/loss", "actor/kl_loss", "actor/entropy", "grad_norm"))

@@ -7,7 +7,7 @@ import os
 import re
 import time
 
-from mindgrpo.rewards import batch_verifier
+from mindgrpo.rewards.verifiers import batch_verifier
 
 
 def digit_share(completion: str, gold: str, **context) -> float:

@@ -21,7 +21,7 @@ def main() -> None:
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
     dist = init_distributed(model_parallel=2)
     from mindgrpo.models import SharedPromptForward, build_model, hf_parameters
-    from mindgrpo.train.policy import CompletionLogProbs
+    from mindgrpo.train.step_graphs import CompletionLogProbs
     from mindgrpo.rollout import SamplingParams
     from mindgrpo.rollout.backends.native import NativeRolloutEngine
 
@@ -83,12 +83,13 @@ def main() -> None:
     # rollouts: the same tokens from the full model and from the TP slices; "ragged" ends rows at different steps
     # (stop ids the sampled rows draw early), so the ranks must compact the decode batch in step
     prompts = [list(map(int, prompt[0])), list(map(int, prompt[1][3:]))]
-    sampled = SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=3)
-    kinds = [("greedy", SamplingParams(max_tokens=10, top_k=1, n=2, seed=3)), ("sampled", sampled), ("ragged", None)]
+    sampled = SamplingParams(max_tokens=10, temperature=1.0, num_generations=2, seed=3)
+    kinds = [("greedy", SamplingParams(max_tokens=10, top_k=1, num_generations=2, seed=3)), ("sampled", sampled),
+             ("ragged", None)]
     for kind, sampling in kinds:
         if kind == "ragged":
             first = errors["sampled_tokens"]
-            sampling = SamplingParams(max_tokens=10, temperature=1.0, n=2, seed=3,
+            sampling = SamplingParams(max_tokens=10, temperature=1.0, num_generations=2, seed=3,
                                       stop_token_ids=(first[0][1], first[2][4]))
         tokens = {}
         for name, model in (("full", full), ("shard", shard)):

@@ -176,7 +176,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     steps = []
     for i in range(args.steps):
         if i == args.warmup:
-            graphs_before = trainer.policy.compiled_graphs()
+            graphs_before = trainer.worker.compiled_graphs()
         start = time.perf_counter()
         metrics = trainer.train_step()
         seconds = time.perf_counter() - start
@@ -184,9 +184,9 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         lengths = data.completion_mask.sum(1).tolist()
         steps.append({"seconds": seconds, "metrics": metrics, "lengths": lengths,
                       "tokens": int(data.prompt_lengths.sum() + data.completion_mask.sum()),
-                      "flops": step_flops(trainer.policy.hf_config, data.prompt_lengths[::GENERATIONS].tolist(),
+                      "flops": step_flops(trainer.worker.hf_config, data.prompt_lengths[::GENERATIONS].tolist(),
                                           lengths)})
-    recompiles = trainer.policy.compiled_graphs() - graphs_before
+    recompiles = trainer.worker.compiled_graphs() - graphs_before
     trainer.metrics.close()
     counted = steps[args.warmup:] or steps
     total = sum(s["seconds"] for s in counted)

@@ -10,12 +10,12 @@ tokens) in both passes. Length mixes: ``ragged`` (the 32 quantiles of a log-norm
 the limit, and its top 10 % at the limit, as ``bench_grpo.py --length-mix ragged`` asks of the rollouts) and
 ``full`` (every completion at the limit).
 
-Times: one process builds a Policy per layout, compiles every graph (``Policy.precompile``), then alternates the
-layouts ``--repeats`` times (a reference pass and an update each), so a busy machine slows them alike; the ratios
-are medians of the per-repeat ratios, of wall time and of the process's CPU time (all its threads: steadier than
-wall time when other processes share the cores). Peak RSS: one process per layout (RSS is per process) that
-compiles, runs a reference pass and an update. Also printed: graphs compiled after the first repeat (must be 0) and
-the largest difference between the layouts' reference log-probs on real tokens.
+Times: one process builds a ModelWorker per layout, compiles every graph (``ModelWorker.precompile``), then
+alternates the layouts ``--repeats`` times (a reference pass and an update each), so a busy machine slows them
+alike; the ratios are medians of the per-repeat ratios, of wall time and of the process's CPU time (all its
+threads: steadier than wall time when other processes share the cores). Peak RSS: one process per layout (RSS is
+per process) that compiles, runs a reference pass and an update. Also printed: graphs compiled after the first
+repeat (must be 0) and the largest difference between the layouts' reference log-probs on real tokens.
 
     python tools/bench_packing.py [--mix ragged full] [--repeats 3]
 """
@@ -65,10 +65,10 @@ def rollouts(mix: str) -> SimpleNamespace:
 
 
 def compiled_policy(model_dir: str, layout: str, data: SimpleNamespace):
-    """A Policy at the benchmark's settings with every graph of ``data``'s shapes compiled."""
+    """A ModelWorker at the benchmark's settings with every graph of ``data``'s shapes compiled."""
     from mindgrpo.config import GRPOConfig, validate
     from mindgrpo.train.distributed import DistInfo
-    from mindgrpo.train.policy import Policy
+    from mindgrpo.train.model_worker import ModelWorker
 
     config = GRPOConfig()
     rl = config.rl_config
@@ -79,7 +79,7 @@ def compiled_policy(model_dir: str, layout: str, data: SimpleNamespace):
     config.actor_config.micro_batch_size, config.ref_config.ref_model_batch_size = 16, 32
     config.actor_config.max_tokens_per_micro_batch = LAYOUTS[layout]
     config.generate_config.sampling_config.max_tokens = NEW_TOKENS
-    policy = Policy(validate(config, check_paths=False), DistInfo(), eos_token_id=EOS, pad_token_id=PAD)
+    policy = ModelWorker(validate(config, check_paths=False), DistInfo(), eos_token_id=EOS, pad_token_id=PAD)
     policy.precompile(SimpleNamespace(prompt_ids=data.prompt_ids, prompt_mask=np.ones_like(data.prompt_mask),
                                       completion_ids=np.zeros_like(data.completion_ids),
                                       completion_mask=np.ones_like(data.completion_mask)))

@@ -108,8 +108,8 @@ def mindgrpo_rollout(backend: str, model_dir: str, prompts: List[List[int]], n: 
     engine = build_rollout_engine(backend.split("-")[0], actor, eos_token_id=EOS, pad_token_id=PAD,
                                   max_prompt_length=max(map(len, prompts)), max_batch_size=len(prompts) * n,
                                   **options)
-    params = SamplingParams(max_tokens=max_tokens, min_tokens=0 if stops else max_tokens, temperature=1.0, n=n,
-                            seed=0, stop_token_ids=stops)
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=0 if stops else max_tokens, temperature=1.0,
+                            num_generations=n, seed=0, stop_token_ids=stops)
     hf = json.loads((Path(model_dir) / "config.json").read_text())
     details = (lambda: native_loop_split(engine, prompts, params, hf)) if backend.startswith("native") else dict
     return (lambda: engine.generate(prompts, params).completion_mask.sum(1)), details
@@ -142,7 +142,7 @@ def native_loop_split(engine, prompts: List[List[int]], params, hf: Dict) -> Dic
     Python decode loop, tensor transfers), per decoding step, and count the decode columns computed (the batch of
     every decode step: compaction shrinks it as rows end). Then put the decoding graphs' time against this
     machine's limits, measured now (:func:`decode_limits`): the memory-copy bandwidth and the matmul peak."""
-    bucket = engine.bucket_for([p for p in prompts for _ in range(params.n)], params.max_tokens)
+    bucket = engine.bucket_for([p for p in prompts for _ in range(params.num_generations)], params.max_tokens)
     in_graphs = {"prefill": 0.0, "decode": 0.0}
     steps, columns = [0], [0]
 
@@ -164,7 +164,7 @@ def native_loop_split(engine, prompts: List[List[int]], params, hf: Dict) -> Dic
     total = time.perf_counter() - start
     graphs = sum(in_graphs.values())
     per_step = 1e3 / (steps[0] + 1)  # the prefill's logits give the first token
-    limits = decode_limits(hf, [len(p) for p in prompts for _ in range(params.n)],
+    limits = decode_limits(hf, [len(p) for p in prompts for _ in range(params.num_generations)],
                            out.completion_mask.sum(1).tolist())
     bandwidth, peak = copy_bandwidth(), matmul_peak_gflops()["peak_gflops"]
     return {"graph_ms_per_step": round(graphs * per_step, 2),

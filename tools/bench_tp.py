@@ -18,17 +18,18 @@ counted. The `--threads` CPU threads are split evenly over a run's processes. It
                      completion, as bench_grpo counts them) / the step time of the slowest rank
     peak_rss_mib     per rank, peak resident memory of the process (and peak_rss_mib_max, the largest)
     plan             per rank, the planner against measured memory:
-                       state:  model_state_bytes(...)["total"]  vs  RSS growth while `Policy(...)` is built
+                       state:  model_state_bytes(...)["total"]  vs  RSS growth while `ModelWorker(...)` is built
                                (actor, reference, rollout engine, gradient accumulators, AdamW moments; the
                                last two written once first, as the first update would)
                        peak:   layout_bytes(..., device="cpu")["total"]  vs  peak RSS after the first step -
-                               RSS before `Policy(...)` (precompiled graphs included; the planner's cpu runtime
+                               RSS before `ModelWorker(...)` (precompiled graphs included; the planner's cpu runtime
                                part and its rule that each graph keeps its own memory, see mindgrpo/apps/plan.py)
                      error = |predicted - measured| / measured, which must be <= 0.25 (`ok`)
 
 and last one comparison line with every layout's tokens/s and largest per-rank peak RSS as ratios to TP=1's.
-The RSS before and after `Policy(...)` is read from outside the trainer: the worker wraps `mindgrpo.train.policy.Policy`,
-which `GRPOTrainer.__init__` builds after its imports and the communication set-up.
+The RSS before and after `ModelWorker(...)` is read from outside the trainer: the worker wraps
+`mindgrpo.train.model_worker.ModelWorker`, which `GRPOTrainer.__init__` builds after its imports and the
+communication set-up.
 
     python tools/bench_tp.py [--layouts tp1 tp2 dp2] [--steps 4] [--warmup 1] [--threads 2]
 """
@@ -108,7 +109,7 @@ def plan_check(config, hf: dict, dp: int, tp: int, rss0: int, rss1: int, peak: i
 def run_rank(args: argparse.Namespace) -> Dict:
     """Train one layout on this rank; returns its per-step figures and the plan check."""
     import mindgrpo  # noqa: F401  (quiet logging before MindSpore loads)
-    import mindgrpo.train.policy
+    import mindgrpo.train.model_worker
     import mindspore as ms
     from mindgrpo.train.trainer import GRPOTrainer
 
@@ -118,9 +119,9 @@ def run_rank(args: argparse.Namespace) -> Dict:
     config = layout_config(args.worker, Path(args.model_dir), work / "gsm8k_train.mindrecord",
                            work / f"run_{args.worker}", args.steps)
     marks: Dict[str, int] = {}
-    build_policy = mindgrpo.train.policy.Policy
+    build_policy = mindgrpo.train.model_worker.ModelWorker
 
-    def measured_policy(*a, **k):  # GRPOTrainer.__init__ looks Policy up in mindgrpo.train.policy when it builds it
+    def measured_policy(*a, **k):  # GRPOTrainer.__init__ looks ModelWorker up in its module when it builds it
         gc.collect()
         marks["rss0"] = current_rss()
         policy = build_policy(*a, **k)
@@ -133,11 +134,11 @@ def run_rank(args: argparse.Namespace) -> Dict:
         marks["rss1"] = current_rss()
         return policy
 
-    mindgrpo.train.policy.Policy = measured_policy
+    mindgrpo.train.model_worker.ModelWorker = measured_policy
     try:
         trainer = GRPOTrainer(config)
     finally:
-        mindgrpo.train.policy.Policy = build_policy
+        mindgrpo.train.model_worker.ModelWorker = build_policy
     marks["rss_built"] = current_rss()  # the trainer built (the zero-initialised state is not yet touched)
     trainer.precompile()
     marks["peak_after_precompile"] = peak_rss()  # every graph of the run compiled
@@ -155,7 +156,7 @@ def run_rank(args: argparse.Namespace) -> Dict:
     dist = trainer.dist
     return {"rank": dist.rank, "tp_rank": dist.tp_rank, "dp_rank": dist.dp_rank, "steps": steps,
             "peak_rss_mib": round(peak_rss() / 2**20, 1), **marks,
-            "plan": plan_check(trainer.config, trainer.policy.hf_config, dist.dp_size, dist.tp_size, marks["rss0"],
+            "plan": plan_check(trainer.config, trainer.worker.hf_config, dist.dp_size, dist.tp_size, marks["rss0"],
                                marks["rss1"], marks["peak_after_step1"])}
 
 

@@ -1,69 +1,15 @@
 #!/usr/bin/env python
-"""GSM8K accuracy of a model folder: greedy pass@1 and sampled maj@k, with training's prompts and answer extraction.
-
-MODEL is a Hugging Face folder (config.json + safetensors + tokenizer), a mindgrpo run folder
-(rl_config.output_dir: its newest verified checkpoint is used), its checkpoints/ folder, or one step_N folder.
-DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending in "#### <number>").
+"""GSM8K accuracy of a model folder (greedy pass@1, sampled maj@k): the same as ``mindgrpo eval``.
 
     python tools/eval_gsm8k.py MODEL DATA [--limit 100] [--samples 8 --temperature 0.7] [--output eval.jsonl]
 
-Writes one JSON line per problem (question, completion(s), extracted answer, gold, correct, maj@k fields) to
---output and the summary next to it (eval.summary.json), both atomically; prints the summary, its last line as JSON.
-See mindgrpo.apps.evaluation for the details.
+``--help`` lists the options; the code is mindgrpo.apps.eval_cli.
 """
-from __future__ import annotations
-
-import argparse
-import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # evaluate with this checkout's mindgrpo, whichever one pip has installed
-
-import mindgrpo  # noqa: E402  (configures MindSpore/MindFormers logging before they load)
-from mindgrpo.data import PROMPT_TEMPLATES  # noqa: E402
-from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path  # noqa: E402
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hugging Face folder, mindgrpo run folder, checkpoints/ folder or step_N folder")
-    parser.add_argument("data", help="GSM8K-format jsonl, e.g. gsm8k/test.jsonl")
-    parser.add_argument("--output", help="per-problem results (jsonl); default: eval_<DATA name>.jsonl here")
-    parser.add_argument("--tokenizer", help="tokenizer folder, when MODEL has none (the base model folder)")
-    parser.add_argument("--template", choices=sorted(PROMPT_TEMPLATES),
-                        help="prompt template; default: the run's training template, else gsm8k_hash")
-    parser.add_argument("--limit", type=int, help="evaluate only the first N problems")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences decoded together")
-    parser.add_argument("--samples", type=int, default=0, metavar="K",
-                        help="also sample K completions per problem for maj@K and pass@K (default 0: greedy only)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for --samples")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="compute dtype (float32 on CPU)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
-    return parser.parse_args(argv)
-
-
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    output = Path(args.output or f"eval_{Path(args.data).stem}.jsonl")
-    try:
-        result = evaluate(args.model, args.data, output=output, tokenizer=args.tokenizer, template=args.template,
-                          limit=args.limit, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-                          samples=args.samples, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                          compute_dtype=args.dtype, progress=not args.no_progress)
-    except ValueError as err:  # EvaluationError, DataError, TokenizerError, bad sampling settings: all name the fix
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_summary(result.summary))
-    print(f"results: {output}; summary: {summary_path(output)}")
-    print(json.dumps(result.summary))
-    return 0
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # evaluate with this checkout's mindgrpo
+from mindgrpo.apps.eval_cli import main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(prog=Path(__file__).name))

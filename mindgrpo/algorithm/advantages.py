@@ -11,14 +11,14 @@ from mindgrpo.algorithm.registry import SCALE_REWARDS
 DEFAULT_STD_EPS = 1e-4
 
 
-def group_advantages(rewards, group_size: int, scale_rewards: str = "group",
+def group_advantages(rewards, num_generations: int, scale_rewards: str = "group",
                      eps: float = DEFAULT_STD_EPS) -> tuple[Tensor, Tensor]:
     """Advantages ``(r - mean_group) / (std + eps)`` for rewards laid out as consecutive groups.
 
     Args:
-        rewards: [N] rewards (MindSpore tensor or numpy array), ``N = num_prompts * group_size``, completions of one
-            prompt next to each other (the order the rollout produces).
-        group_size: completions per prompt (``num_generations``).
+        rewards: [N] rewards (MindSpore tensor or numpy array), ``N = num_prompts * num_generations``, completions
+            of one prompt next to each other (the order the rollout produces).
+        num_generations: completions per prompt (the group size).
         scale_rewards: ``"group"`` divides by each group's std (GRPO, TRL default); ``"batch"`` by the std of all N
             rewards (more robust when many groups are nearly constant, as in TRL / "Tricks or Traps"); ``"none"``
             does not divide (Dr. GRPO: the std division biases towards too easy / too hard prompts).
@@ -33,26 +33,26 @@ def group_advantages(rewards, group_size: int, scale_rewards: str = "group",
     """
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
-    if group_size < 1:
-        raise ValueError(f"group_size must be >= 1, got {group_size}")
+    if num_generations < 1:
+        raise ValueError(f"num_generations must be >= 1, got {num_generations}")
     if isinstance(rewards, np.ndarray):
         rewards = Tensor(rewards.astype(np.float32))
     rewards = rewards.astype(ms.float32)
-    if rewards.ndim != 1 or rewards.shape[0] % group_size != 0:
-        raise ValueError(f"rewards must be 1-D with a length divisible by group_size={group_size}, "
+    if rewards.ndim != 1 or rewards.shape[0] % num_generations != 0:
+        raise ValueError(f"rewards must be 1-D with a length divisible by num_generations={num_generations}, "
                          f"got shape {tuple(rewards.shape)}")
-    num_groups = rewards.shape[0] // group_size
-    if group_size == 1:
+    num_groups = rewards.shape[0] // num_generations
+    if num_generations == 1:
         return ops.zeros_like(rewards), Tensor(num_groups, ms.int32)
 
-    grouped = rewards.reshape(num_groups, group_size)
+    grouped = rewards.reshape(num_groups, num_generations)
     centered = grouped - grouped.mean(axis=1, keep_dims=True)
     all_equal = ops.equal(grouped.max(axis=1), grouped.min(axis=1))
     zero_std_groups = all_equal.astype(ms.int32).sum()
     if scale_rewards == "none":
         return centered.reshape(-1), zero_std_groups
     if scale_rewards == "group":
-        std = ops.sqrt((centered * centered).sum(axis=1, keepdims=True) / (group_size - 1))
+        std = ops.sqrt((centered * centered).sum(axis=1, keepdims=True) / (num_generations - 1))
     else:
         batch_centered = rewards - rewards.mean()
         std = ops.sqrt((batch_centered * batch_centered).sum() / (rewards.shape[0] - 1))

@@ -56,6 +56,10 @@ METRICS = ("pg_loss", "kl", "clipfrac_low", "clipfrac_high", "clipfrac", "ppo_kl
 class LossSettings:
     """How the GRPO loss is computed (names follow TRL's GRPOConfig and verl's actor config).
 
+    The defaults are TRL 1.16's, for calling :func:`grpo_loss` on its own. A training run never uses them:
+    :class:`mindgrpo.train.model_worker.ModelWorker` passes every field from ``rl_config``, whose defaults
+    (:mod:`mindgrpo.config.schema`, MindRLHF's) differ: ``loss_type`` grpo, ``beta`` 0.04, no KL bias correction.
+
     Attributes:
         loss_type: token-loss reduction (see the module docstring). ``"grpo"``: mean over each sequence's tokens,
             then over sequences (DeepSeekMath; long completions weigh less per token). ``"bnpo"``: mean over all

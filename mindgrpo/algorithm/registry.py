@@ -28,6 +28,11 @@ LR_SCHEDULES: Tuple[str, ...] = ("constant", "cosine", "linear")
 LR_SCHEDULE_ALIASES: Mapping[str, str] = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine",
                                           "ConstantWarmUpLR": "constant"}
 OPTIMIZERS: Tuple[str, ...] = ("AdamW",)
+# Matmul dtypes of the actor and reference models (parameters stay float32; bfloat16 and float16 are Ascend's).
+COMPUTE_DTYPES: Tuple[str, ...] = ("float32", "bfloat16", "float16")
+# MindSpore's execution modes (compiled or eager) and the devices a run may ask for ("auto": what MindSpore finds).
+EXECUTION_MODES: Tuple[str, ...] = ("graph", "pynative")
+DEVICE_TARGETS: Tuple[str, ...] = ("auto", "CPU", "Ascend")
 
 
 def canonical(key: str, value: str, choices: Tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:

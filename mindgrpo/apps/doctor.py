@@ -36,11 +36,10 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mindgrpo
 from mindgrpo import _env
+from mindgrpo.ops.ascend import ASCEND_ONLY
 
 MSRUN_DEFAULT_PORT = 8118  # msrun's own default --master_port
 PINNED = ("mindspore", "mindformers", "numpy")  # reported on their own lines; other requirements share one
-ASCEND_ONLY = ("vllm rollout backend (vllm-mindspore, never run here), the Ascend C fused-loss kernel, bfloat16 "
-               "compute (tensor parallelism and ZeRO-1 run on CPU too)")
 # examples/grpo/main.py fills in the model and data of its embedded demo only when run without --config.
 DEMO = "; the embedded demo needs neither: python examples/grpo/main.py"
 _REPO = Path(mindgrpo.__file__).resolve().parents[1]
@@ -126,7 +125,7 @@ def check_device(target: str, count: int) -> Iterator[Check]:
                     "" if count else "check the driver with npu-smi info and ASCEND_RT_VISIBLE_DEVICES")
     elif target == "CPU":
         yield Check("ok", "device", f"CPU ({os.cpu_count()} cores); data parallel only")
-        yield Check("info", "ascend-only", f"not available on CPU: {ASCEND_ONLY}")
+        yield Check("info", "ascend-only", f"not available on CPU: {', '.join(ASCEND_ONLY)}")
     else:
         yield Check("warn", "device", f"{target}: mindgrpo targets CPU (development) and Ascend (training)",
                     "install the CPU or Ascend build of mindspore==2.9.0")
@@ -275,7 +274,7 @@ def _one_line(text: str) -> str:
 
 def check_paths(config) -> Iterator[Check]:
     """Every input path of the config: set when required, present, and holding what the trainer will read."""
-    from mindgrpo.config import GRPOConfig, _path_keys, get_key
+    from mindgrpo.config import get_key, path_keys
 
     rl = config.rl_config
     tokenizer = config.tokenizer_dir or "/path/to/Qwen2.5"
@@ -283,7 +282,7 @@ def check_paths(config) -> Iterator[Check]:
                f"--output_path {rl.dataset_file or 'data/gsm8k_train.mindrecord'} --dataset_type gsm8k "
                f"--prompt_template r1_zero --max_prompt_length {rl.max_prompt_length}")
     download = "huggingface-cli download Qwen/Qwen2.5-7B --local-dir {path}, or pass --actor_checkpoint_path DIR"
-    for key in _path_keys(GRPOConfig, "", "input"):
+    for key in path_keys("input"):
         value = get_key(config, key)
         if not value:
             if key == "actor_config.load":
@@ -324,31 +323,28 @@ def _tokenizer_check(name: str, folder: Path) -> Check:
 
 
 def check_batches(config) -> Iterator[Check]:
-    """The trainer's static-shape rule: every micro-batch of the step's completions has the same size."""
-    rl = config.rl_config
-    group = rl.batch_size * rl.num_generations
-    for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
-                      ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
-        if group % size:
-            divisors = [d for d in range(1, group + 1) if group % d == 0 and d <= size] or [1]
-            yield Check("FAIL", "batch sizes", f"{key} = {size} does not divide rl_config.batch_size x "
-                        f"num_generations = {group}", f"{key}={divisors[-1]}")
-            return
-    yield Check("ok", "batch sizes", f"{group} completions per rank per step, micro-batches of "
+    """The trainer's static-shape rule (mindgrpo.config.micro_batch_problems), with the nearest size that works."""
+    from mindgrpo.config import Derived, get_key, micro_batch_problems
+
+    completions = Derived(config).completions_per_rank
+    for key, problem in micro_batch_problems(config).items():
+        size = get_key(config, key)
+        divisors = [d for d in range(1, completions + 1) if completions % d == 0 and d <= size] or [1]
+        yield Check("FAIL", "batch sizes", problem, f"{key}={divisors[-1]}")
+        return
+    yield Check("ok", "batch sizes", f"{completions} completions per rank per step, micro-batches of "
                 f"{config.actor_config.micro_batch_size} (update) and {config.ref_config.ref_model_batch_size} (ref)")
 
 
 def _model_shape(config) -> Optional[dict]:
     """Heads and layers from the actor's config.json, read directly: mindgrpo.models would import MindFormers
-    (seconds) for three numbers."""
+    (seconds) for three numbers. The vocabulary and MLP sizes are checked when present (a truncated config.json is
+    reported by the path check)."""
+    from mindgrpo.config import parallel_layout_dims
+
     try:
-        hf = json.loads((Path(config.actor_config.load) / "config.json").read_text(encoding="utf-8"))
-        return dict(num_heads=int(hf["num_attention_heads"]),
-                    num_kv_heads=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
-                    num_layers=int(hf["num_hidden_layers"]),
-                    # checked when present (a truncated config.json is reported by the path check)
-                    vocab_size=int(hf["vocab_size"]) if "vocab_size" in hf else None,
-                    intermediate_size=int(hf["intermediate_size"]) if "intermediate_size" in hf else None)
+        return parallel_layout_dims(json.loads((Path(config.actor_config.load) / "config.json").read_text(
+            encoding="utf-8")))
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: the path check reports it
 
@@ -547,7 +543,7 @@ def _device_memory(text: str) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mindgrpo.config import CLI_FLAGS
 
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # flags and overrides in any order
     flags = {flag: getattr(args, flag) for flag in CLI_FLAGS if getattr(args, flag) is not None}
     checks: List[Check] = []
     if not args.json:

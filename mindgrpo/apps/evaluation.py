@@ -31,10 +31,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from mindgrpo.train.checkpoint import MANIFEST, CheckpointError, CheckpointManager, atomic_open, save_json
+from mindgrpo._io import atomic_open
+from mindgrpo.train.checkpoint import MANIFEST, CheckpointError, CheckpointManager, save_json
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render_prompt
-from mindgrpo.rewards import accuracy_reward, extract_answer, extract_answer_text, normalize_math_answer
-from mindgrpo.rollout.api import PROMPT_LENGTH_BUCKET
+from mindgrpo.rewards.answers import extract_answer, extract_answer_text, normalize_math_answer
+from mindgrpo.rewards.verifiers import accuracy_reward
+from mindgrpo.config import PROMPT_LENGTH_BUCKET
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_TEMPLATE = "gsm8k_hash"
@@ -314,7 +316,8 @@ def summarize(records: Sequence[Dict[str, Any]], k: int = 0) -> Dict[str, Any]:
 def generate_completions(engine: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], params: Any, *,
                          batch_size: int, progress: bool = True, desc: str = "generating"
                          ) -> Tuple[List[List[str]], List[List[str]], int]:
-    """``params.n`` completions of every prompt: (texts per prompt, finish reasons per prompt, tokens generated).
+    """``params.num_generations`` completions of every prompt: (texts per prompt, finish reasons per prompt, tokens
+    generated).
 
     Prompts go to the engine shortest first, ``batch_size // n`` at a time (at least one): neighbours in length share
     the engine's shape buckets, so each bucket compiles once instead of being rebuilt as lengths alternate. Results
@@ -324,7 +327,7 @@ def generate_completions(engine: Any, tokenizer: Any, prompt_ids: Sequence[Seque
     from tqdm import tqdm
 
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
-    per_call = max(1, batch_size // params.n)
+    per_call = max(1, batch_size // params.num_generations)
     texts: List[List[str]] = [[] for _ in prompt_ids]
     reasons: List[List[str]] = [[] for _ in prompt_ids]
     tokens = 0
@@ -339,7 +342,7 @@ def generate_completions(engine: Any, tokenizer: Any, prompt_ids: Sequence[Seque
                 [ids[mask.astype(bool)] for ids, mask in zip(result.completion_ids, result.completion_mask)])
             tokens += result.num_tokens
             for row, text in enumerate(decoded):
-                i = chunk[row // params.n]  # rows are prompt-major
+                i = chunk[row // params.num_generations]  # rows are prompt-major
                 texts[i].append(text)
                 reasons[i].append(result.finish_reasons[row])
             bar.update(len(chunk))
@@ -379,8 +382,8 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     if template is not None and template not in PROMPT_TEMPLATES:
         raise EvaluationError(f"unknown --template {template!r}; choose one of {', '.join(PROMPT_TEMPLATES)}")
     greedy_params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, seed=seed)
-    sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p, n=samples,
-                                    seed=seed) if samples else None)  # validates temperature and top_p up front
+    sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                                    num_generations=samples, seed=seed) if samples else None)  # validates temperature and top_p up front
     problems = read_problems(data, limit=limit)
     resolved = resolve_model(model, tokenizer)
     if template is None:

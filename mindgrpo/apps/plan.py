@@ -62,12 +62,14 @@ import re
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from mindgrpo.config import Derived
+
 HEADROOM = 0.9  # share of device memory the modelled parts may take; the rest is workspace, graphs, fragmentation
 DEVICES = ("ascend", "cpu")
 HCCL_BUFFSIZE = 200 * 2**20  # CANN's default HCCL_BUFFSIZE (200 MB); each communication group holds 2 of them
 # CPU, per process, beyond the modelled tensors: bench_tp.py's `small` run (TP=1, MindSpore 2.9.0, one prompt
 # width), stage by stage: RSS growth minus the planner's own figure for that stage (MiB).
-CPU_RUNTIME_MIB = {"build": 86,         # Policy(...): the rollout engine's buffers and framework objects
+CPU_RUNTIME_MIB = {"build": 86,         # ModelWorker(...): the rollout engine's buffers and framework objects
                    "rollout": 266,      # prefill + decode graphs and the prefill's pool, beside the KV cache
                    "scoring": 96,       # the reference log-prob graph (442 MiB), beside its activations (346)
                    "training": 92,      # the training micro-batch's graph (1067 MiB), beside its activations (975)
@@ -82,7 +84,7 @@ LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
 # completions where one copy predicted 320, i.e. three score copies per layer more than one.
 SCORE_COPIES = 4
 DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/backends/native.py)
-UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (policy.ReduceAndClip), before the write-back
+UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (step_graphs.ReduceAndClip), before the write-back
 PARTS = ("weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
          "reference", "runtime")
 RESIDENT = ("weights", "gradients", "optimizer", "kv_cache", "reference", "runtime")
@@ -296,7 +298,7 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
                               optimizer_shard=actor.parallel_config.optimizer_shard,
                               reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None)
-    packed_rows = actor.max_tokens_per_micro_batch // sampling.max_tokens  # per forward of both passes; 0: padded
+    packed_rows = Derived(config).packed_rows  # per forward of both passes; 0: padded
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
                  completion_len=sampling.max_tokens, compute_dtype=actor.compute_dtype,
@@ -561,7 +563,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from mindgrpo.models.hf_config import ModelConfigError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # flags and overrides in any order
     try:
         device_memory = parse_bytes(args.device_memory)
         config, hf_config, folder = load_inputs(args.config, args.overrides, args.model)

@@ -24,6 +24,8 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from mindgrpo.train.metrics import METRIC_ALIASES
+
 PathLike = Union[str, os.PathLike]
 Smoothing = Union[None, int, float]
 
@@ -33,7 +35,9 @@ _REWARD_PREFIX = "grpo/rewards/"
 _REWARD_AGGREGATES = {"mean", "min", "max", "std"}
 _PHASE_LABELS = {"timing/rollout": "rollout", "timing/reference_model": "reference log-probs",
                  "timing/old_log_p": "old log-probs", "timing/update": "update",
-                 "timing/resharding_to_infer": "weight sync"}
+                 "timing/weight_sync": "weight sync"}
+# Runs logged before the renaming (or by MindRLHF) have only the old names; newer ones both (see METRIC_ALIASES).
+_NEW_NAMES = {old: new for new, old in METRIC_ALIASES.items()}
 
 
 class MetricsFileError(ValueError):
@@ -133,7 +137,11 @@ def load_run(run: PathLike, label: Optional[str] = None) -> Run:
             raise MetricsFileError(f"{path}:{lineno}: 'step' is {step!r}, expected an integer; fix or delete "
                                    "this line")
         record.pop("time", None)
-        records[step] = {name: _number(path, lineno, name, value) for name, value in record.items()}
+        values = {name: _number(path, lineno, name, value) for name, value in record.items()}
+        for old, new in _NEW_NAMES.items():  # one curve per metric, under its new name
+            if old in values:
+                values.setdefault(new, values.pop(old))
+        records[step] = values
     steps = sorted(records)
     names = sorted({name for record in records.values() for name in record})
     values = {name: np.array([records[s].get(name, math.nan) for s in steps], dtype=np.float64) for name in names}

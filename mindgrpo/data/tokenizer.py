@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +17,8 @@ from typing import Any, Iterable, Mapping, Optional, Sequence, Union
 
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers, processors
 from tokenizers import Tokenizer as _BackendTokenizer
+
+from mindgrpo._io import atomic_open, atomic_write
 
 PathLike = Union[str, os.PathLike]
 
@@ -202,12 +203,14 @@ class Tokenizer:
         written = [_atomic_copy(src, out / name) for name, src in self._source_files]
         names = {p.name for p in written}
         if "tokenizer.json" not in names:
-            written.append(_atomic_write_text(out / "tokenizer.json", self._backend.to_str(pretty=True)))
+            atomic_write(out / "tokenizer.json", self._backend.to_str(pretty=True))
+            written.append(out / "tokenizer.json")
         if "tokenizer_config.json" not in names:
             config = {"tokenizer_class": "Qwen2Tokenizer", "bos_token": self.bos_token, "eos_token": self.eos_token,
                       "pad_token": self.pad_token, "unk_token": None, "clean_up_tokenization_spaces": False,
                       "chat_template": self.chat_template}
-            written.append(_atomic_write_text(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n"))
+            atomic_write(out / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
+            written.append(out / "tokenizer_config.json")
         return written
 
     def __repr__(self) -> str:
@@ -215,27 +218,9 @@ class Tokenizer:
                 f"eos={self.eos_token!r}:{self.eos_token_id})")
 
 
-def _atomic_write_text(dest: Path, text: str) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, dest)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return dest
-
-
 def _atomic_copy(src: Path, dest: Path) -> Path:
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dest)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    with open(src, "rb") as f, atomic_open(dest, "wb") as out:
+        shutil.copyfileobj(f, out)
     return dest
 
 

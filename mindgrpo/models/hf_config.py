@@ -147,19 +147,14 @@ def check_dtype(name: str, value: str) -> str:
     return value
 
 
-def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int,
-                 overrides: Optional[Mapping[str, Any]] = None):
-    """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2.
-
-    ``overrides`` passes engine settings (``use_past``, ``block_size``, ...) through; keys that define the
-    architecture are refused, because they come from config.json.
-    """
+def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int):
+    """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2."""
     from mindformers.models.llama import LlamaConfig  # heavy import, only when a model is built
 
     check_dtype("compute_dtype", compute_dtype)
     check_dtype("param_dtype", param_dtype)
     pad = spec.pad_token_id if spec.pad_token_id is not None else spec.eos_token_id
-    kwargs = dict(
+    return LlamaConfig(
         batch_size=1, seq_length=seq_length, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
         num_layers=spec.num_hidden_layers, num_heads=spec.num_attention_heads, n_kv_heads=spec.num_key_value_heads,
         intermediate_size=spec.intermediate_size, max_position_embedding=spec.max_position_embeddings,
@@ -174,12 +169,3 @@ def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_l
         bos_token_id=0 if spec.bos_token_id is None else spec.bos_token_id,
         eos_token_id=0 if spec.eos_token_id is None else spec.eos_token_id,
         use_past=False, is_dynamic=False, checkpoint_name_or_path="")
-    architecture = {"vocab_size", "hidden_size", "num_layers", "num_heads", "n_kv_heads", "intermediate_size",
-                    "rms_norm_eps", "theta", "tie_word_embeddings", "qkv_has_bias", "use_rope_slice",
-                    "compute_dtype", "param_init_type", "embedding_init_type", "seq_length"}
-    for key, value in (overrides or {}).items():
-        if key in architecture:
-            raise ValueError(f"llama_overrides[{key!r}] is set by config.json or build_model's arguments; "
-                             "remove it from llama_overrides")
-        kwargs[key] = value
-    return LlamaConfig(**kwargs)

@@ -1,9 +1,10 @@
 """Packed shared-prompt forward: completions without padding, several to a row, each attending to its own prompt.
 
 :class:`~mindgrpo.models.SharedPromptForward` scores ``G`` completions per prompt, each right-padded to the
-generation limit. This forward takes the packed rows of :mod:`mindgrpo.train.packing` instead: a row holds completions of
-one group end to end, the forward holds the distinct prompts of its rows in ``S`` slots (left-padded, computed
-once each), and ``row_prompt`` names each row's slot. Attention is that of the shared forward per completion:
+generation limit. This forward takes the packed rows of :mod:`mindgrpo.train.packing` instead: a row holds
+completions of one group end to end, the forward holds the distinct prompts of its rows in ``S`` slots (left-padded,
+computed once each), and ``row_prompt`` names each row's slot. Attention is that of the shared forward per
+completion:
 
 * prompt queries attend causally within their prompt (left padding masked);
 * completion queries attend to their row's prompt (its keys gathered per row, one product per row) and causally
@@ -19,7 +20,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
 
 
 class PackedPromptForward(Qwen2Blocks):
@@ -61,7 +62,7 @@ class PackedPromptForward(Qwen2Blocks):
                                   ops.tile(segments.reshape((r, 1, w)), (1, w, 1))), ms.float32)
         own = same * ops.tile(ops.tril(ops.ones((w, w), ms.float32)).reshape((1, w, w)), (r, 1, 1))
         own_keys = ops.tile(own.reshape((r, w, 1, w)), (1, 1, grp, 1)).reshape((r, w * grp, w))
-        return (ops.concat((prompt_keys, own_keys), 2) - 1.0) * (-MASKED_SCORE)
+        return mask_bias(ops.concat((prompt_keys, own_keys), 2))
 
 
 class PackedPromptLayer(Qwen2Blocks):

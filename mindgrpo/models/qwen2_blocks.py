@@ -1,12 +1,19 @@
-"""Qwen2 decoder math over the actor's own Parameters, shared by the rollout graphs and the shared-prompt forward.
+"""mindgrpo's own Qwen2 decoder math, as MindSpore ops over the Parameters of the model that
+:func:`~mindgrpo.models.causal_lm.build_model` made.
+
+This is one of mindgrpo's three Qwen2s (the table is in :mod:`mindgrpo.models`): it owns no Parameters and no
+forward of its own. Its blocks run in the shared-prompt and packed forwards of training and scoring
+(:mod:`mindgrpo.models.shared_prompt`, :mod:`mindgrpo.models.packed_prompt`; the default, ``rl_config.share_prompt``)
+and in the native rollout engine's prefill and decode graphs (:mod:`mindgrpo.rollout.backends.native_graphs`), and
+they are the only forward of a tensor-parallel rank's slices (:class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`).
 
 :class:`Qwen2Weights` holds the very ``Parameter`` objects of a MindFormers ``LlamaForCausalLM`` configured as Qwen2
 (no copy: an optimizer step on the actor is seen by every Cell built on them, and gradients flow back to them).
 :class:`Qwen2Blocks` is the math as MindSpore ops: RMSNorm in float32, RoPE tables built like MindFormers'
 ``FreqsMgr``, rotate-half RoPE, grouped-query attention with q/k/v bias and query head ``h`` reading KV head
 ``h // (heads / kv_heads)``, SwiGLU MLP, tied or untied ``lm_head``, so results match the MindFormers forward.
-Masked attention scores use a large finite negative instead of ``-inf``: padding query rows would otherwise be
-all ``-inf`` and produce NaNs that leak into later layers.
+Masked attention scores get :data:`MASKED_SCORE` (:func:`mask_bias`), which MindFormers' forward in
+:mod:`mindgrpo.models.causal_lm` uses too.
 """
 from __future__ import annotations
 
@@ -21,10 +28,18 @@ from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.tensor_parallel import TPComm, embed_lookup
 
-MASKED_SCORE = -1e9  # additive bias for masked attention scores; exp() of it underflows to exactly 0 in float32
+# Added to the scores of masked keys. Finite on purpose: a query with no visible key (a left-pad row) then gets
+# finite garbage instead of NaN, and NaN in a pad row would reach real rows through 0 * NaN in the value product.
+# -1e4 fits float16 and leaves exp(score - 1e4) == 0 in every dtype for realistic scores.
+MASKED_SCORE = -1e4
 
 # Weights in the order the graphs index them: 3 global ones, then each layer's (biases only when present).
 _GLOBAL_FIELDS = ("embedding", "norm_out", "lm_head")
+
+
+def mask_bias(allowed: Tensor) -> Tensor:
+    """The additive attention bias of a float32 may-attend mask (1 = attend): 0 where allowed, else MASKED_SCORE."""
+    return (allowed - 1.0) * (-MASKED_SCORE)
 
 
 def layer_fields(qkv_bias: bool) -> Tuple[str, ...]:
@@ -333,7 +348,7 @@ class Qwen2Blocks(nn.Cell):
         causal = ops.tile(ops.tril(ops.ones((s, s), ms.float32)).reshape((s, 1, s)), (1, grp, 1))
         allowed = (ops.tile(causal.reshape((1, s * grp, s)), (b, 1, 1))
                    * ops.tile(ops.cast(key_valid, ms.float32).reshape((b, 1, s)), (1, s * grp, 1)))
-        return (allowed - 1.0) * (-MASKED_SCORE)
+        return mask_bias(allowed)
 
     def _heads(self, x, first: int, count: int):
         """Heads [first, first + count) of x [rows, heads, d], as [rows, count, d]. ``ops.slice``: on CPU the

@@ -2,8 +2,8 @@
 
 With ``model_parallel > 1`` no rank builds the full model: :class:`Qwen2Shard` holds only this rank's slices (see
 :mod:`mindgrpo.models.shard_layout` for which), which ``build_model`` fills straight from the Hugging Face
-safetensors files, one slice at a time, so a rank's resident weights are about ``1/model_parallel`` of the model plus the replicated
-norms, and one HF folder serves every layout with no conversion.
+safetensors files, one slice at a time, so a rank's resident weights are about ``1/model_parallel`` of the model
+plus the replicated norms, and one HF folder serves every layout with no conversion.
 
 It is a container, not a forward: its Cells mirror the attribute paths of MindFormers' ``LlamaForCausalLM``
 (``model.layers[i].attention.wq.weight``, ``model.tok_embeddings.embedding_weight``, ``lm_head.weight``, ...), so

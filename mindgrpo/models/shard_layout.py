@@ -35,7 +35,6 @@ _SPLIT_AXIS = {
     "mlp.gate_proj.weight": 0, "mlp.up_proj.weight": 0, "mlp.down_proj.weight": 1,
 }
 _KV = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")
-_VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 class LayoutError(ValueError):

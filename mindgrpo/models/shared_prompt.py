@@ -22,15 +22,15 @@ Each decoder layer is its own small Cell (:class:`SharedPromptLayer`, over the s
 ``recompute=True`` (``actor_config.recompute``) can mark each one with ``Cell.recompute()``: the backward then keeps
 only every layer's input hidden state and recomputes one layer's activations at a time from it.
 
-CPU and data parallel only: this forward has no sharding strategies, so tensor- or pipeline-parallel layouts on
-Ascend keep MindFormers' forward (``rl_config.share_prompt: false``).
+Under tensor parallelism it runs each rank's slices (:class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`) with the
+collectives of :mod:`mindgrpo.models.tensor_parallel`; it is then the only training forward.
 """
 from __future__ import annotations
 
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
 
 
 class SharedPromptForward(Qwen2Blocks):
@@ -45,7 +45,7 @@ class SharedPromptForward(Qwen2Blocks):
     def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False):
         weights = Qwen2Weights(model)
         super().__init__(weights, max_positions, ParameterTuple(()))
-        self.group = num_generations
+        self.num_generations = num_generations
         self.layers = nn.CellList([SharedPromptLayer(weights, i, num_generations)
                                    for i in range(self.num_layers)], auto_prefix=False)
         if recompute:
@@ -55,7 +55,7 @@ class SharedPromptForward(Qwen2Blocks):
     def construct(self, prompt_ids, prompt_mask, completion_ids):
         ng, p = prompt_ids.shape
         n, t = completion_ids.shape
-        g = self.group
+        g = self.num_generations
         valid = ops.cast(prompt_mask, ms.int32)
         prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
         lengths = ops.cast(valid.sum(1), ms.int32)
@@ -79,12 +79,12 @@ class SharedPromptForward(Qwen2Blocks):
         """Additive float32 bias [NG * G, T * groups, P + T] for completion queries (built once, shared by every layer
         and KV head): the group's real prompt keys, then causal within the completion; query rows are
         position-major, then query head."""
-        ng, grp, g = valid.shape[0], self.groups, self.group
+        ng, grp, g = valid.shape[0], self.groups, self.num_generations
         key_valid = ops.cast(valid, ms.float32)
         prompt_keys = ops.tile(key_valid.reshape((ng, 1, 1, p)), (1, g, t * grp, 1)).reshape((ng * g, t * grp, p))
         causal_t = ops.tile(ops.tril(ops.ones((t, t), ms.float32)).reshape((t, 1, t)), (1, grp, 1))
         own_keys = ops.tile(causal_t.reshape((1, t * grp, t)), (ng * g, 1, 1))
-        return (ops.concat((prompt_keys, own_keys), 2) - 1.0) * (-MASKED_SCORE)
+        return mask_bias(ops.concat((prompt_keys, own_keys), 2))
 
 
 class SharedPromptLayer(Qwen2Blocks):
@@ -96,7 +96,7 @@ class SharedPromptLayer(Qwen2Blocks):
 
     def __init__(self, weights: Qwen2Weights, index: int, num_generations: int):
         super().__init__(weights, 1, ParameterTuple(()))
-        self.index, self.group = index, num_generations
+        self.index, self.num_generations = index, num_generations
 
     def construct(self, x, cos, sin, bias_prompt, bias_completion):
         ng, p = bias_prompt.shape[0], bias_prompt.shape[2]
@@ -111,7 +111,7 @@ class SharedPromptLayer(Qwen2Blocks):
     def _completion_attention(self, q, k, v, k_prompt, v_prompt, bias, ng: int, p: int, t: int):
         """Completion queries over [group's prompt keys | own causal keys]: q [N*T, heads, d] -> [N*T, hidden].
         ``bias`` [NG*G, T*groups, P + T]."""
-        g, grp, d = self.group, self.groups, self.head_dim
+        g, grp, d = self.num_generations, self.groups, self.head_dim
         out = ()
         for h in range(self.kv_heads):
             q_h = self._heads(q, h * grp, grp)  # [N*T, groups, d]

@@ -68,24 +68,24 @@ class CheckpointMismatchError(ValueError):
     """Checkpoint tensors and network parameters do not match (names or shapes); the message lists them."""
 
 
+def _rename(name: str, global_names: Dict[str, str], layer_names: Dict[str, str]) -> str | None:
+    """``name`` through one direction of the mapping (both keep ``model.layers.N.``), or None when it has none."""
+    if name in global_names:
+        return global_names[name]
+    match = _LAYER_NAME.match(name)
+    if match and match.group(2) in layer_names:
+        return f"model.layers.{match.group(1)}.{layer_names[match.group(2)]}"
+    return None
+
+
 def hf_to_ms_name(name: str) -> str | None:
     """MindFormers parameter name for a Hugging Face tensor name, or None if the name is not a Qwen2 weight."""
-    if name in _GLOBAL:
-        return _GLOBAL[name]
-    match = _LAYER_NAME.match(name)
-    if match and match.group(2) in _LAYER:
-        return f"model.layers.{match.group(1)}.{_LAYER[match.group(2)]}"
-    return None
+    return _rename(name, _GLOBAL, _LAYER)
 
 
 def ms_to_hf_name(name: str) -> str | None:
     """Hugging Face tensor name for a MindFormers parameter name, or None for non-weights (e.g. KV caches)."""
-    if name in _GLOBAL_INV:
-        return _GLOBAL_INV[name]
-    match = _LAYER_NAME.match(name)
-    if match and match.group(2) in _LAYER_INV:
-        return f"model.layers.{match.group(1)}.{_LAYER_INV[match.group(2)]}"
-    return None
+    return _rename(name, _GLOBAL_INV, _LAYER_INV)
 
 
 def hf_parameters(model: ms.nn.Cell) -> Dict[str, Parameter]:

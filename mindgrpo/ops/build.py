@@ -13,7 +13,6 @@ Libraries of older sources are left in place (another checkout may still use the
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import os
@@ -21,7 +20,6 @@ import platform
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -31,7 +29,6 @@ from mindgrpo import _env
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CPU_SOURCE = KERNEL_DIR / "grpo_token_loss_cpu.cc"
 DECODE_STEP_SOURCE = KERNEL_DIR / "decode_step_cpu.cc"
-ASCEND_SOURCE_DIR = KERNEL_DIR / "ascend"
 # -O3 vectorises the per-token loops (the exp is written to vectorise); OpenMP splits rows over at most as many
 # threads as the kernel asks for (it stays single-threaded below ~32k tokens per thread).
 CXXFLAGS = ("-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp", "-Wall")
@@ -113,56 +110,3 @@ def build_cpu_kernel(source: Path | None = None, force: bool = False) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return target
-
-
-def build_ascend_package(cann_path: str | None, install_path: str | None) -> None:
-    """Build and install the Ascend C operators with MindSpore's ``custom_compiler`` tool.
-
-    Needs the CANN toolkit (Ascend hosts only): it cannot run on the CPU-only development machines. The tool is
-    copied into a temporary folder first, because it builds its project next to its own script.
-    """
-    import mindspore  # noqa: PLC0415  (only this command needs MindSpore's install location)
-
-    tool = Path(mindspore.__file__).resolve().parent / "lib" / "plugin" / "ascend" / "custom_compiler"
-    if not tool.is_dir():
-        raise KernelBuildError(f"MindSpore's custom_compiler tool not found at {tool}")
-    cann = cann_path or os.environ.get("ASCEND_HOME_PATH")
-    if not cann or not Path(cann).is_dir():
-        raise KernelBuildError("Ascend build needs the CANN toolkit: pass --cann-path or set ASCEND_HOME_PATH "
-                               "(this is only possible on an Ascend host).")
-    with tempfile.TemporaryDirectory(prefix="mindgrpo-ascend-") as work:
-        shutil.copytree(tool, Path(work) / "custom_compiler")
-        cmd = [sys.executable, "setup.py", "--op_host_path", str(ASCEND_SOURCE_DIR / "op_host"),
-               "--op_kernel_path", str(ASCEND_SOURCE_DIR / "op_kernel"), "--vendor_name", "mindgrpo",
-               "--ascend_cann_package_path", cann]
-        if install_path:
-            cmd += ["--install_path", install_path]
-        cmd.append("-i")
-        proc = subprocess.run(cmd, cwd=Path(work) / "custom_compiler", capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            log = Path(work) / "custom_compiler" / "build.log"
-            detail = log.read_text(errors="replace") if log.exists() else proc.stdout + proc.stderr
-            raise KernelBuildError(f"Ascend operator build failed.\ncommand: {shlex.join(cmd)}\n{detail.strip()}")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m mindgrpo.ops", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--force", action="store_true", help="recompile even when the cached libraries are current")
-    parser.add_argument("--ascend", action="store_true",
-                        help="build and install the Ascend C operators instead (needs CANN; Ascend hosts only)")
-    parser.add_argument("--cann-path", help="CANN toolkit folder (default: $ASCEND_HOME_PATH)")
-    parser.add_argument("--install-path", help="OPP folder to install the Ascend operators into "
-                                               "(default: $ASCEND_OPP_PATH)")
-    args = parser.parse_args(argv)
-    try:
-        if args.ascend:
-            build_ascend_package(args.cann_path, args.install_path)
-            print("installed the mindgrpo Ascend C operators (vendor 'mindgrpo')")
-        else:
-            for source in (CPU_SOURCE, DECODE_STEP_SOURCE):
-                print(build_cpu_kernel(source, force=args.force))
-    except KernelBuildError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0

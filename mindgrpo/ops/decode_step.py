@@ -5,8 +5,8 @@ residual add) and the SwiGLU product, and the prompt pass's cache write. The cac
 Decoding one token for a few dozen rows is bound by kernel launches, not arithmetic. With these kernels a layer's
 step is 11 launches (the 7 weight products stay on MindSpore's MatMul) instead of about 50; attention also reads
 only each row's valid keys. ``kernels/decode_step_cpu.cc`` writes out the math. The plain-ops decode graph
-(:class:`mindgrpo.rollout.backends.native_graphs.DecodeGraph`) is the reference twin: ``tests/test_rollout.py`` checks one
-against the other, and each kernel against numpy.
+(:class:`mindgrpo.rollout.backends.native_graphs.DecodeGraph`) is the reference twin: ``tests/test_rollout.py``
+checks one against the other, and each kernel against numpy.
 
 CPU, float32 and Qwen2's q/k/v biases only: the native engine uses them there (``generate_config.decode_impl:
 fused``) and the plain ops on any other device, dtype or architecture.

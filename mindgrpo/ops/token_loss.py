@@ -15,9 +15,8 @@ Routes (both are ``ops.Custom(func_type="aot")`` with a ``bprop`` that calls a s
 * CPU (tested here): the C++ kernels in ``kernels/grpo_token_loss_cpu.cc``, compiled with g++ on first use or by
   ``build.sh`` (see ``mindgrpo.ops.build``).
 * Ascend (selected only when the device target is ``Ascend``): the Ascend C operators ``GrpoTokenLoss`` /
-  ``GrpoTokenLossGrad`` in ``kernels/ascend``, called through aclnn; ``batch_means`` is then reduced from
-  ``row_stats`` with MindSpore ops (the Ascend kernel splits rows over AI cores and has no cross-core reduction).
-  They must be built and installed on the Ascend host first (``python -m mindgrpo.ops --ascend``). **This route
+  ``GrpoTokenLossGrad`` in ``kernels/ascend``, registered in :mod:`mindgrpo.ops.ascend` (the Ascend boundary: it
+  says what is verified where); ``batch_means`` is then reduced from ``row_stats`` with MindSpore ops. **This route
   cannot be compiled or run on the CPU-only development machines and is untested**; on CPU nothing in it is
   loaded.
 """
@@ -27,14 +26,14 @@ import functools
 
 import mindspore as ms
 from mindspore import Tensor, ops
-from mindspore.ops import CustomRegOp, DataType
 
-from mindgrpo.ops import build
+from mindgrpo.algorithm.registry import KL_ESTIMATORS
+from mindgrpo.ops import ascend, build
 
 # Columns of row_stats: masked sums over each sequence (the kernels write them in this order).
 ROW_STATS = ("active_tokens", "pg_loss", "kl", "clip_low", "clip_high", "clip", "ppo_kl", "ratio")
-# KL estimator codes understood by the kernels, in the order of mindgrpo.algorithm.kl.KL_ESTIMATORS.
-KL_CODES = {"k1": 0, "k2": 1, "k3": 2}
+# KL estimator codes understood by the kernels: the index into the registry's KL_ESTIMATORS.
+KL_CODES = {name: code for code, name in enumerate(KL_ESTIMATORS)}
 _INPUTS = ("logp", "old_logp", "ref_logp", "advantages", "mask", "hyper")
 
 
@@ -59,29 +58,12 @@ def _cpu_forward_dtypes(logp, old, ref, adv, mask, hyper):
     return logp, logp, logp, logp
 
 
-def _ascend_forward_shapes(logp, old, ref, adv, mask, hyper):
-    return [logp[0]], [logp[0], len(ROW_STATS)], logp
-
-
-def _ascend_forward_dtypes(logp, old, ref, adv, mask, hyper):
-    return logp, logp, logp
-
-
 def _grad_shape(token_grad, d_row_loss):
     return token_grad
 
 
 def _grad_dtype(token_grad, d_row_loss):
     return token_grad
-
-
-def _ascend_reg_info(name: str, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> str:
-    reg = CustomRegOp(name)
-    for i, arg in enumerate(inputs):
-        reg = reg.input(i, arg, "required")
-    for i, arg in enumerate(outputs):
-        reg = reg.output(i, arg, "required")
-    return reg.dtype_format(*([DataType.F32_Default] * (len(inputs) + len(outputs)))).target("Ascend").get_op_info()
 
 
 @functools.lru_cache(maxsize=None)
@@ -94,11 +76,8 @@ def _primitive() -> tuple[ops.Custom, bool]:
     """
     device_target = ms.get_context("device_target")
     if device_target == "Ascend":
-        outputs = ("row_loss", "row_stats", "token_grad")
-        fwd_name, bwd_name = "aclnnGrpoTokenLoss", "aclnnGrpoTokenLossGrad"
-        fwd_reg = _ascend_reg_info(fwd_name, _INPUTS, outputs)
-        bwd_reg = _ascend_reg_info(bwd_name, ("token_grad", "d_row_loss"), ("d_logp",))
-        shapes, dtypes = _ascend_forward_shapes, _ascend_forward_dtypes
+        fwd_name, bwd_name, fwd_reg, bwd_reg, outputs, shapes, dtypes = ascend.token_loss_route(_INPUTS,
+                                                                                                len(ROW_STATS))
     elif device_target == "CPU":
         outputs = ("row_loss", "row_stats", "batch_means", "token_grad")
         library = build.build_cpu_kernel()

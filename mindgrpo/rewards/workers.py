@@ -130,8 +130,8 @@ class WorkerPool:
     def run(self, calls: Sequence[Call]) -> List[CallOutcome]:
         """Run every call, `processes` at a time; outcomes in the order of `calls`.
 
-        A call that raises gives its exception's text and the worker's traceback; one that overruns the timeout is cut (its
-        worker killed and replaced) and marked `timed_out`; one whose worker dies gives the exit status. Raises
+        A call that raises gives its exception's text and the worker's traceback; one that overruns the timeout is cut
+        (its worker killed and replaced) and marked `timed_out`; one whose worker dies gives the exit status. Raises
         WorkerStartError when a worker cannot start. Any exception out of here (Ctrl-C, SIGTERM) kills the workers,
         so no call of this run can answer a later one."""
         if not calls:

@@ -1,4 +1,4 @@
-"""Rollout engines: sample ``n`` completions per prompt from the current policy.
+"""Rollout engines: sample ``num_generations`` completions per prompt from the current policy.
 
 One interface (:class:`RolloutEngine`: ``generate(prompts, SamplingParams) -> RolloutResult`` and
 ``sync_weights()``) with three backends chosen by name in :func:`build_rollout_engine`:
@@ -12,12 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from mindgrpo.algorithm.registry import ROLLOUT_BACKENDS
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutEngine, RolloutResult,
                                   SamplingParams)
 
-BACKENDS = ("native", "mindformers", "vllm")
-
-__all__ = ["BACKENDS", "FINISH_LENGTH", "FINISH_STOP", "RolloutEngine", "RolloutResult", "SamplingParams",
+__all__ = ["FINISH_LENGTH", "FINISH_STOP", "RolloutEngine", "RolloutResult", "SamplingParams",
            "build_rollout_engine"]
 
 
@@ -26,7 +25,7 @@ def build_rollout_engine(backend: str, actor: Any, *, eos_token_id: EosIds, pad_
     """Create the rollout engine ``backend`` for ``actor``.
 
     Args:
-        backend: ``"native"``, ``"mindformers"`` or ``"vllm"``.
+        backend: one of the registry's ``ROLLOUT_BACKENDS`` (``"native"``, ``"mindformers"`` or ``"vllm"``).
         actor: the policy Cell (MindFormers ``LlamaForCausalLM`` configured as Qwen2, as built by
             ``mindgrpo.models.build_model``).
         eos_token_id: id or ids that end a completion.
@@ -48,4 +47,4 @@ def build_rollout_engine(backend: str, actor: Any, *, eos_token_id: EosIds, pad_
     if backend == "vllm":
         from mindgrpo.rollout.backends.vllm import VllmRolloutEngine
         return VllmRolloutEngine(actor, **common, **options)
-    raise ValueError(f"unknown rollout backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    raise ValueError(f"unknown rollout backend {backend!r}; choose one of {', '.join(ROLLOUT_BACKENDS)}")

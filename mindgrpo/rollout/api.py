@@ -1,4 +1,5 @@
-"""The rollout interface every backend implements: prompts x ``n`` samples + sampling settings -> completions."""
+"""The rollout interface every backend implements: prompts x ``num_generations`` samples + sampling settings ->
+completions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,9 +9,6 @@ import numpy as np
 
 FINISH_STOP = "stop"      # the sequence emitted an EOS or stop token (kept in the completion, mask 1)
 FINISH_LENGTH = "length"  # the sequence reached max_tokens without one
-# Prompt lengths are padded to multiples of this: the native engine's buckets, and the grid the trainer and the
-# evaluator size their prompt limits to (each distinct width is one more compiled graph).
-PROMPT_LENGTH_BUCKET = 64
 
 
 @dataclass(frozen=True)
@@ -36,8 +34,8 @@ class SamplingParams:
     seed: Optional[int] = None
     """Seed of the sampler; the same seed, prompts, params, weights and engine give the same completions. None
     draws a fresh seed."""
-    n: int = 1
-    """Completions per prompt (GRPO's group size)."""
+    num_generations: int = 1
+    """Completions per prompt (GRPO's group size; vLLM's ``n``)."""
     stop_token_ids: Tuple[int, ...] = ()
     """Extra ids that end a completion like the engine's EOS ids (kept in it, finish reason ``"stop"``)."""
     logprobs: bool = False
@@ -61,8 +59,8 @@ class SamplingParams:
             problems.append(f"top_k must be -1/0 (off) or a positive count, got {self.top_k}")
         if not self.repetition_penalty > 0:
             problems.append(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        if self.n < 1:
-            problems.append(f"n must be >= 1, got {self.n}")
+        if self.num_generations < 1:
+            problems.append(f"num_generations must be >= 1, got {self.num_generations}")
         if self.seed is not None and not 0 <= self.seed < 2 ** 63:
             problems.append(f"seed must be a non-negative integer below 2**63 or None, got {self.seed}")
         if problems:
@@ -75,9 +73,10 @@ class SamplingParams:
 
 @dataclass
 class RolloutResult:
-    """Completions of ``num_prompts * n`` sequences, prompt-major: rows ``i*n .. i*n+n-1`` continue prompt ``i``."""
+    """Completions of ``num_prompts * G`` sequences (``G = num_generations``), prompt-major: rows ``i*G .. i*G+G-1``
+    continue prompt ``i``."""
     completion_ids: np.ndarray
-    """int32 [num_prompts*n, max_tokens], right-padded with the pad id."""
+    """int32 [num_prompts*G, max_tokens], right-padded with the pad id."""
     completion_mask: np.ndarray
     """int32, same shape: 1 on generated tokens including the EOS token that ended a sequence."""
     finish_reasons: List[str]
@@ -97,7 +96,7 @@ class RolloutEngine(Protocol):
     """A rollout backend (``native``, ``mindformers`` or ``vllm``)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
-        """Sample ``params.n`` completions for each prompt (lists of token ids, any lengths)."""
+        """Sample ``params.num_generations`` completions for each prompt (lists of token ids, any lengths)."""
 
     def sync_weights(self) -> None:
         """Make the next ``generate`` use the actor's current weights."""

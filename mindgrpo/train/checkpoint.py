@@ -18,9 +18,7 @@ The module is pure Python + numpy + safetensors so that tools can inspect checkp
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
-import errno
 import hashlib
 import json
 import os
@@ -31,9 +29,11 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from mindgrpo._io import atomic_write, commit_file, fsync, out_of_space, pid_alive, tmp_sibling
 
 FORMAT_NAME = "mindgrpo-checkpoint"
 FORMAT_VERSION = 1
@@ -44,20 +44,6 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 _TMP_DIR = re.compile(r"^\.tmp-(?:(replaced|discard)-)?step_(\d+)-(\d+)-[0-9a-f]+$")
 _PART_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
 _HASH_CHUNK = 4 << 20  # 4 MiB: large enough for full disk speed, small enough to hash 60 GB optimizer states
-NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)  # a full disk, a quota, RLIMIT_FSIZE
-
-
-def out_of_space(err: BaseException) -> bool:
-    """Whether `err` (or an error it was raised from) is a write that found no space: an OSError with one of
-    NO_SPACE_ERRNOS, or safetensors' Rust I/O error, which carries only its text ("... (os error 28)")."""
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in NO_SPACE_ERRNOS:
-            return True
-        code = re.search(r"\(os error (\d+)\)", str(err))
-        if code and int(code.group(1)) in NO_SPACE_ERRNOS:
-            return True
-        err = err.__cause__
-    return False
 
 
 class CheckpointError(RuntimeError):
@@ -68,59 +54,7 @@ class CheckpointWarning(UserWarning):
     """A checkpoint was skipped or a stale folder was left in place; the message names the folder and why."""
 
 
-# ---------------------------------------------------------------------------------------------- file helpers
-def _fsync_dir(path: Path) -> None:
-    """Make a rename/creation inside `path` durable (POSIX only; Windows has no directory handles)."""
-    if not hasattr(os, "O_DIRECTORY"):
-        return
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _tmp_sibling(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _commit_file(tmp: Path, path: Path) -> None:
-    """fsync `tmp`, rename it over `path` and fsync the folder; remove `tmp` if anything fails."""
-    try:
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-@contextlib.contextmanager
-def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO[Any]]:
-    """Open a temporary sibling of `path` for writing; on success it replaces `path`, on error it is removed.
-
-    Readers see the old file or the complete new one, never a half-written file. `mode` is "w" or "wb".
-    """
-    if mode not in ("w", "wb"):
-        raise ValueError(f"atomic_open mode must be 'w' or 'wb', got {mode!r}")
-    path = Path(path)
-    tmp = _tmp_sibling(path)
-    try:
-        with open(tmp, mode, encoding=None if "b" in mode else encoding) as f:
-            yield f
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _commit_file(tmp, path)
-
-
-def atomic_write(path: str | Path, data: bytes | str) -> None:
-    """Write `data` (text as UTF-8) to `path` atomically, see `atomic_open`."""
-    with atomic_open(path, "wb") as f:
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
-
-
+# ---------------------------------------------------------------------------------------------- files
 def save_json(path: str | Path, obj: Any) -> None:
     """Atomically write `obj` as indented UTF-8 JSON. NaN/inf are refused: they are not valid JSON."""
     try:
@@ -159,7 +93,7 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Ma
         tensors[name] = value if value.flags.c_contiguous else value.copy(order="C")
     from safetensors.numpy import save_file  # deferred: keeps `import mindgrpo.train.checkpoint` light
 
-    tmp = _tmp_sibling(path)
+    tmp = tmp_sibling(path)
     try:
         save_file(tensors, str(tmp), metadata=dict(metadata) if metadata else None)
     except Exception as e:
@@ -168,7 +102,7 @@ def save_arrays(path: str | Path, arrays: Mapping[str, np.ndarray], metadata: Ma
             raise CheckpointError(f"no space left to write {path} ({e}: disk full, over quota or over a file-size "
                                   "limit); free space, then resume with --resume_training") from e
         raise CheckpointError(f"cannot write {path}: {e}") from e
-    _commit_file(tmp, path)
+    commit_file(tmp, path)
 
 
 def load_arrays(path: str | Path) -> dict[str, np.ndarray]:
@@ -262,17 +196,6 @@ def _step_of(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists on this host (used to tell stale temp folders from live ones)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 class CheckpointManager:
     """Saves, verifies, finds and prunes the `step_<N>` checkpoints in `save_dir`."""
 
@@ -329,7 +252,7 @@ class CheckpointManager:
                     raise
             manifest["files"] = self._describe_files(tmp)
             save_json(tmp / MANIFEST, manifest)
-            _fsync_dir(tmp)
+            fsync(tmp)
         except BaseException as err:
             shutil.rmtree(tmp, ignore_errors=True)
             if out_of_space(err) and not isinstance(err, CheckpointError):
@@ -358,7 +281,7 @@ class CheckpointManager:
                     continue
                 size, sha = _hash_file(path)
                 files.append({"path": path.relative_to(root).as_posix(), "size": size, "sha256": sha})
-            _fsync_dir(Path(folder))
+            fsync(Path(folder))
         return files
 
     def _commit(self, tmp: Path, step: int) -> Path:
@@ -370,11 +293,11 @@ class CheckpointManager:
             aside = self.save_dir / f".tmp-replaced-step_{step:08d}-{os.getpid()}-{secrets.token_hex(4)}"
             os.rename(final, aside)
             os.rename(tmp, final)
-            _fsync_dir(self.save_dir)
+            fsync(self.save_dir)
             shutil.rmtree(aside)
         else:
             os.rename(tmp, final)
-            _fsync_dir(self.save_dir)
+            fsync(self.save_dir)
         return final
 
     def _discard(self, path: Path) -> None:
@@ -479,6 +402,6 @@ class CheckpointManager:
                 continue
             if kind == "replaced" and not self.step_dir(step).exists():
                 os.rename(path, self.step_dir(step))  # killed mid-swap: the old copy is the only complete one
-                _fsync_dir(self.save_dir)
+                fsync(self.save_dir)
                 continue
             shutil.rmtree(path, ignore_errors=True)

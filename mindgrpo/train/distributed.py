@@ -135,9 +135,10 @@ def all_reduce_sum(values: np.ndarray, info: DistInfo, over: str = DP) -> np.nda
 
 
 def all_gather(values: np.ndarray, info: DistInfo, over: str = TP) -> np.ndarray:
-    """Stack equal-shaped float32 arrays of the group's ranks: ``[group size, *shape]`` in rank order (an
-    AllReduce of zero-padded slots, which CPU runs on every group)."""
-    values = np.asarray(values, dtype=np.float32)
+    """Stack equal-shaped arrays of the group's ranks: ``[group size, *shape]`` in rank order (an AllReduce of
+    zero-padded slots, which CPU runs on every group). float32 on the wire and back; a group of one rank gets its
+    values as they are, as from :func:`all_reduce_sum`."""
+    values = np.asarray(values)
     size = info.size(over)
     if size == 1:
         return values[None]

@@ -14,6 +14,16 @@ which is what `read_metrics` does.
 
 A resumed run first calls `truncate_after(resumed_step)`: records of the steps it will redo are dropped from both
 JSONL files and TensorBoard is told to discard its events from those steps too, so nothing is counted twice.
+
+Renamed metrics. Two of MindRLHF's names describe what the default (native) rollout backend does not do, so they
+were renamed after what they measure. For one release, every `metrics.jsonl` record also carries each such value
+under its old name, so scripts written for MindRLHF's logs keep working (TensorBoard and the console use the new
+names only); `mindgrpo.apps.plotting` reads both. The whole list is `METRIC_ALIASES`:
+
+| name                 | old MindRLHF name (alias in metrics.jsonl) | what it is                                  |
+| -------------------- | ------------------------------------------ | ------------------------------------------- |
+| `rollout_tps`        | `vllm_tps`                                 | throughput of the rollout, any backend      |
+| `timing/weight_sync` | `timing/resharding_to_infer`               | seconds giving the engine the new weights   |
 """
 from __future__ import annotations
 
@@ -27,7 +37,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
-from mindgrpo.train.checkpoint import NO_SPACE_ERRNOS, atomic_open
+from mindgrpo._io import NO_SPACE_ERRNOS, atomic_open
 
 METRIC_NAMES: tuple[str, ...] = (
     "timing/all",                  # seconds for the whole step
@@ -35,7 +45,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "timing/reference_model",      # seconds computing reference-model log-probs
     "timing/old_log_p",            # seconds computing the rollout policy's log-probs
     "timing/update",               # seconds in forward/backward/optimizer
-    "timing/resharding_to_infer",  # seconds copying trained weights into the inference engine
+    "timing/weight_sync",          # seconds giving the rollout engine the trained weights
     "actor/pg_loss",               # clipped policy-gradient (surrogate) loss
     "actor/kl_loss",               # KL(policy || reference) term, before the beta coefficient
     "actor/entropy",               # mean token entropy of the policy
@@ -54,9 +64,15 @@ METRIC_NAMES: tuple[str, ...] = (
     "prompt_length/min",
     "e2e_tps",                     # throughput_tps() over timing/all
     "update_tps",                  # throughput_tps() over timing/update
-    "vllm_tps",                    # throughput_tps() over timing/rollout
+    "rollout_tps",                 # throughput_tps() over timing/rollout
 )
 """Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier) and counters."""
+
+METRIC_ALIASES: dict[str, str] = {
+    "rollout_tps": "vllm_tps",
+    "timing/weight_sync": "timing/resharding_to_infer",
+}
+"""New metric name -> the old MindRLHF name `metrics.jsonl` also writes it under, for one release (see above)."""
 
 # Console summary: (metric name, label), in this fixed order; metrics absent from a step are left out.
 _CONSOLE_FIELDS = (
@@ -79,7 +95,7 @@ def throughput_tps(prompt_tokens: float, response_tokens: float, num_prompts: in
     `prompt_tokens`/`response_tokens` are per-sample *average* lengths in tokens (e.g. `prompt_length/mean`,
     `response_length/mean`), `num_prompts` the prompts per step, `num_samples` the completions per prompt (GRPO
     group size), `world_size` the number of devices sharing the work and `seconds` the wall time of the phase
-    measured (`timing/all` for `e2e_tps`, `timing/update` for `update_tps`, `timing/rollout` for `vllm_tps`).
+    measured (`timing/all` for `e2e_tps`, `timing/update` for `update_tps`, `timing/rollout` for `rollout_tps`).
     """
     if min(prompt_tokens, response_tokens) < 0 or num_prompts < 0 or num_samples < 0:
         raise ValueError("throughput_tps: token lengths, num_prompts and num_samples must be >= 0, got "
@@ -264,7 +280,8 @@ class MetricsLogger:
             if not isinstance(name, str) or name in _RESERVED:
                 raise ValueError(f"metric name {name!r} is invalid: names are strings other than {_RESERVED}")
             record[name] = _json_number(name, value)
-        self._append(self.metrics_path, record)
+        aliases = {old: record[new] for new, old in METRIC_ALIASES.items() if new in record and old not in record}
+        self._append(self.metrics_path, {**record, **aliases})
         if self.tensorboard:
             writer = self._tensorboard_writer()
             for name, value in record.items():

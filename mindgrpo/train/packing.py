@@ -13,7 +13,8 @@ A row holds completions of one group only, so it attends to one prompt: a forwar
 its rows once each, in S = min(R, B) slots (B: the rank's prompts; a row's group is its slot), and each completion
 attends to its slot's prompt and causally to its own tokens, at the positions it has unpacked
 (:class:`~mindgrpo.models.PackedPromptForward`): its log-probs are those of the padded forward. The loss is
-computed per completion on ``[C, W]`` (C = min(N, R x G), the most completions R rows of single groups hold):
+computed per completion on ``[C, W]`` (C = min(N, R x num_generations), the most completions R rows of single
+groups hold):
 ``unpack`` gathers each completion's log-probs out of the rows, and ``completions`` says which of the rank's N
 completions each loss row is, so advantages and old and reference log-probs follow them.
 """
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Iterator, List
 
 import numpy as np
+
+from mindgrpo.train.rollout_batch import RolloutBatch
 
 
 @dataclass(frozen=True)
@@ -48,16 +51,16 @@ def completion_lengths(completion_mask: np.ndarray) -> np.ndarray:
     return lengths
 
 
-def pack_rows(lengths: np.ndarray, group_size: int, width: int) -> List[List[int]]:
-    """Completion indices per row: each group's completions first-fit decreasing into rows of ``width`` tokens,
-    group after group (the order is a stable sort, so every tensor-parallel rank packs identically). Completions
-    without tokens have nothing to score and are left out."""
+def pack_rows(lengths: np.ndarray, num_generations: int, width: int) -> List[List[int]]:
+    """Completion indices per row: each group's completions (the ``num_generations`` of one prompt) first-fit
+    decreasing into rows of ``width`` tokens, group after group (the order is a stable sort, so every
+    tensor-parallel rank packs identically). Completions without tokens have nothing to score and are left out."""
     rows: List[List[int]] = []
-    for start in range(0, len(lengths), group_size):
-        group = start + np.argsort(-lengths[start:start + group_size], kind="stable")
+    for start in range(0, len(lengths), num_generations):
+        longest_first = start + np.argsort(-lengths[start:start + num_generations], kind="stable")
         free: List[int] = []
         first = len(rows)
-        for c in group:
+        for c in longest_first:
             if lengths[c] == 0:
                 continue
             row = next((k for k, room in enumerate(free) if room >= lengths[c]), len(free))
@@ -69,22 +72,23 @@ def pack_rows(lengths: np.ndarray, group_size: int, width: int) -> List[List[int
     return rows
 
 
-def micro_batches(data, rows_per_batch: int, group_size: int) -> Iterator[MicroBatch]:
+def micro_batches(rollouts: RolloutBatch, rows_per_batch: int, num_generations: int) -> Iterator[MicroBatch]:
     """The packed forwards of a step's rollouts (``prompt_ids``/``prompt_mask`` [B, P], ``completion_ids``/
-    ``completion_mask`` [N, W], prompt-major with ``group_size`` completions per prompt), made one at a time."""
-    n, width = data.completion_ids.shape
-    p = data.prompt_ids.shape[1]
-    lengths = completion_lengths(data.completion_mask)
-    prompt_lengths = data.prompt_mask.sum(1).astype(np.int64)
-    rows = pack_rows(lengths, group_size, width)
+    ``completion_mask`` [N, W], prompt-major with ``num_generations`` completions per prompt), made one at a
+    time."""
+    num_completions, width = rollouts.completion_ids.shape
+    p = rollouts.prompt_ids.shape[1]
+    lengths = completion_lengths(rollouts.completion_mask)
+    prompt_lengths = rollouts.prompt_mask.sum(1).astype(np.int64)
+    rows = pack_rows(lengths, num_generations, width)
     r = rows_per_batch
-    slots = min(r, len(data.prompt_ids))
-    loss_rows = min(n, r * group_size)
+    slots = min(r, len(rollouts.prompt_ids))
+    loss_rows = min(num_completions, r * num_generations)
     for first in range(0, max(len(rows), 1), r):
         batch = rows[first:first + r]
-        groups = sorted({row[0] // group_size for row in batch}) or [0]
-        slot_of = {group: s for s, group in enumerate(groups)}
-        prompts = np.array(groups + [groups[0]] * (slots - len(groups)))
+        used = sorted({row[0] // num_generations for row in batch}) or [0]  # the prompts of these rows
+        slot_of = {prompt: s for s, prompt in enumerate(used)}
+        prompts = np.array(used + [used[0]] * (slots - len(used)))
         row_prompt = np.zeros(r, np.int32)
         ids = np.zeros((r, width), np.int32)
         positions = np.zeros((r, width), np.int32)
@@ -95,14 +99,14 @@ def micro_batches(data, rows_per_batch: int, group_size: int) -> Iterator[MicroB
         mask = np.zeros((loss_rows, width), np.int32)
         k = 0
         for i, row in enumerate(batch):
-            slot = slot_of[row[0] // group_size]
+            slot = slot_of[row[0] // num_generations]
             row_prompt[i] = slot
             offset = 0
             for segment, c in enumerate(row, start=1):
                 length = int(lengths[c])
                 cols = slice(offset, offset + length)
-                ids[i, cols] = data.completion_ids[c, :length]
-                positions[i, cols] = prompt_lengths[c // group_size] + np.arange(length)
+                ids[i, cols] = rollouts.completion_ids[c, :length]
+                positions[i, cols] = prompt_lengths[c // num_generations] + np.arange(length)
                 segments[i, cols] = segment
                 flat = i * width + offset + np.arange(length)
                 # token t is predicted by the state of token t - 1, the first by its prompt's last token

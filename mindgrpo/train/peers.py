@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, List
 
-from mindgrpo.train.checkpoint import pid_alive
+from mindgrpo._io import pid_alive
 
 REGISTRY = ".ranks"
 

@@ -1,18 +1,41 @@
 """GRPOTrainer: rollout, score, advantages, reference and old log-probs, clipped update, weight sync.
 
-``GRPOTrainer(config).train()`` runs the whole job; ``train_step()`` is one step, readable top to bottom in
-:meth:`GRPOTrainer.train_step`. Everything that touches MindSpore graphs lives in :mod:`mindgrpo.train.policy`; this
-module is the orchestration and the bookkeeping (metrics, checkpoints, resume).
+What a default run computes (defaults in :mod:`mindgrpo.config.schema`), per step and data-parallel rank:
+
+* **Rollout, on-policy.** ``batch_size`` = 4 prompts, ``num_generations`` = 8 completions each, sampled from the
+  current actor; every completion is trained on in this same step, once (``num_iterations`` = 1).
+* **Reward and advantages.** r = accuracy_reward + format_reward (``reward_config``), then the advantage of
+  completion i of a prompt's num_generations is A_i = (r_i - mean(r)) / (std(r) + 1e-4) over those completions
+  (``scale_rewards`` = group, unbiased std), the same for each of its tokens.
+* **Ratio.** rho_t = exp(logp_t - old_t). On-policy, old is logp itself, detached: rho = 1 in value, but its
+  gradient is that of logp, so the clipped term's gradient is the plain policy gradient -A * grad(logp) and the
+  clip (``epsilon_low`` = ``epsilon_high`` = 0.2) never binds. With ``num_iterations`` > 1 old is the sampling
+  policy's log-prob, computed once before the passes, and the clip does its PPO work.
+* **KL.** k3 = exp(ref_t - logp_t) - (ref_t - logp_t) - 1 against the frozen reference (the actor's starting
+  weights), weighted by ``beta`` = 0.04; ``beta`` = 0 drops the reference model altogether.
+* **Loss** (``loss_type`` = grpo, DeepSeekMath's): per token l_t = -min(rho_t A, clip(rho_t, 0.8, 1.2) A) + 0.04 k3_t,
+  averaged over each completion's tokens, then over the completions; ``dapo`` would average over all the step's
+  tokens instead. The gradients of the micro-batches (``micro_batch_size`` = 8 completions, each loss divided by
+  their number) add up to the step's; they are averaged over data-parallel ranks and clipped to a global norm of
+  1.0, then one AdamW step at lr 1e-6.
+* **Weight sync.** The rollout engine sees the new weights before the next step.
+
+The per-token loss runs as one fused kernel (``loss_impl`` = fused); its readable twin in plain MindSpore ops,
+held to the same outputs by the tests, is :func:`mindgrpo.algorithm.loss.plain_token_loss` (reductions in
+``mindgrpo.algorithm.loss._reduce``).
+
+``GRPOTrainer(config).train()`` runs the whole job; :meth:`GRPOTrainer.train_step` is one step, read top to bottom:
+rollout, score, advantages, reference and old log-probs, update, weight sync. Everything that touches MindSpore
+graphs lives in :class:`mindgrpo.train.model_worker.ModelWorker`; this module is the orchestration and the
+bookkeeping (metrics, checkpoints, resume).
 """
 from __future__ import annotations
 
-import math
 import os
 import random
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
@@ -20,12 +43,14 @@ import numpy as np
 
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train import peers
-from mindgrpo.config import GRPOConfig, check_parallel_layout, dump_yaml, validate
+from mindgrpo.config import (Derived, GRPOConfig, check_micro_batches, check_parallel_layout, dump_yaml,
+                             parallel_layout_dims, validate)
 from mindgrpo.data import PromptBatch, PromptDataset
-from mindgrpo.train.distributed import DistInfo, all_reduce_sum, barrier, init_distributed
+from mindgrpo.train.distributed import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
 from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import check_run_inputs
-from mindgrpo.rewards import RewardScorer, VerifierError
+from mindgrpo.rewards.scorer import RewardScorer, VerifierError
+from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
 from mindgrpo.data.tokenizer import load_tokenizer
 
@@ -41,21 +66,6 @@ class PeerLostError(TrainingError):
     """Another rank of a multi-rank run died; this one cannot continue (its collectives are broken)."""
 
 
-@dataclass
-class Rollouts:
-    """One step's batch on this rank, prompt-major: completion i belongs to prompt i // num_generations."""
-    prompt_ids: np.ndarray       # int32 [B, P]: each prompt once, left-padded to a bucket P
-    prompt_mask: np.ndarray      # int32 [B, P]: 1 on real prompt tokens
-    completion_ids: np.ndarray   # int32 [N, T]: right-padded, N = B x num_generations
-    completion_mask: np.ndarray  # int32 [N, T]
-
-    @property
-    def prompt_lengths(self) -> np.ndarray:
-        """int32 [N]: real prompt tokens of each completion's prompt."""
-        per_prompt = self.prompt_mask.sum(1).astype(np.int32)
-        return np.repeat(per_prompt, len(self.completion_ids) // len(self.prompt_ids))
-
-
 class GRPOTrainer:
     """Trains a Qwen2.5 policy with GRPO from a :class:`~mindgrpo.config.GRPOConfig`."""
 
@@ -63,9 +73,10 @@ class GRPOTrainer:
         import mindspore as ms
 
         from mindgrpo.models import read_hf_config
-        from mindgrpo.train.policy import Policy
+        from mindgrpo.train.model_worker import ModelWorker
 
         self.config = validate(config, check_paths=check_paths)
+        check_micro_batches(config)
         rl = config.rl_config
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
         if rl.device_target != "auto":
@@ -83,31 +94,21 @@ class GRPOTrainer:
         self.tokenizer = load_tokenizer(config.tokenizer_dir)
         self.dataset = PromptDataset(rl.dataset_file)
         check_run_inputs(config, self.tokenizer, self.dataset, world_size=self.dist.dp_size)
-        group = rl.batch_size * rl.num_generations
-        for key, size in (("actor_config.micro_batch_size", config.actor_config.micro_batch_size),
-                          ("ref_config.ref_model_batch_size", config.ref_config.ref_model_batch_size)):
-            if group % size:
-                raise ValueError(f"{key} = {size} must divide rl_config.batch_size x num_generations = {group} "
-                                 "so every micro-batch has the same static shape")
         hf = read_hf_config(config.actor_config.load)  # the layout is checked before any weight is read
         check_parallel_layout(config.actor_config.parallel_config, world_size=self.dist.world_size,
-                              num_heads=hf["num_attention_heads"],
-                              num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-                              num_layers=hf["num_hidden_layers"], vocab_size=hf["vocab_size"],
-                              intermediate_size=hf["intermediate_size"], device_target=self.device_target)
-        self.policy = Policy(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
-                             pad_token_id=self.tokenizer.pad_token_id)
+                              device_target=self.device_target, **parallel_layout_dims(hf))
+        self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
+                                  pad_token_id=self.tokenizer.pad_token_id)
         reward = config.reward_config
         self.scorer = RewardScorer(reward.verifier_function, reward.verifier_weight,
                                    gate_accuracy_on_format=reward.gate_accuracy_on_format,
                                    fallback_last_number=reward.fallback_last_number,
-                                   aggregation=reward.aggregation, group_size=rl.num_generations,
+                                   aggregation=reward.aggregation, num_generations=rl.num_generations,
                                    verifier_timeout=reward.verifier_timeout,
                                    verifier_parallel=reward.verifier_parallel)
 
         # Ranks of one tensor-parallel group share prompts: the data is split over data-parallel ranks only.
-        steps_per_epoch = self.dataset.steps_per_epoch(rl.batch_size, self.dist.dp_size)
-        self.total_steps = rl.max_steps or rl.epochs * steps_per_epoch
+        self.total_steps = Derived(config).total_steps(self.dataset.steps_per_epoch(rl.batch_size, self.dist.dp_size))
         self.output_dir = Path(rl.output_dir)
         self.checkpoints = ckpt.CheckpointManager(config.checkpoint_dir, keep_last=rl.save_max_ckpt_num)
         if self.dist.is_main:  # optimizer shards staged by a run that died before committing its checkpoint
@@ -115,7 +116,7 @@ class GRPOTrainer:
                 shutil.rmtree(stale, ignore_errors=True)
         self.step = 0
         self.skipped_in_a_row = 0
-        self.last_rollouts: Optional[Rollouts] = None  # the latest step's batch (for inspection and benchmarks)
+        self.last_rollouts: Optional[RolloutBatch] = None  # the latest step's batch (for inspection and benchmarks)
         if rl.resume_training:
             self._resume()
         if self.dist.is_main:
@@ -136,16 +137,18 @@ class GRPOTrainer:
         compiles the first time a batch needs it. Largest first, so the memory pool grows once and smaller graphs
         reuse it."""
         rl = self.config.rl_config
-        n, t = rl.batch_size * rl.num_generations, self.config.generate_config.sampling_config.max_tokens
+        completions = Derived(self.config).completions_per_rank
+        max_tokens = self.config.generate_config.sampling_config.max_tokens
         longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
                                                        rank=self.dist.dp_rank, world_size=self.dist.dp_size)
-        widths = sorted({rl.prompt_width(int(n)) for n in longest}, reverse=True)
+        widths = sorted({Derived(self.config).prompt_width(int(length)) for length in longest}, reverse=True)
         for width in widths:
-            self.policy.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
+            self.worker.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
         for width in widths:
             prompts = _distinct_prompts(rl.batch_size, width)
-            self.policy.precompile(Rollouts(prompts, np.ones_like(prompts), np.zeros((n, t), np.int32),
-                                            np.ones((n, t), np.int32)))
+            self.worker.precompile(RolloutBatch(prompts, np.ones_like(prompts),
+                                                np.zeros((completions, max_tokens), np.int32),
+                                                np.ones((completions, max_tokens), np.int32)))
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
@@ -176,37 +179,37 @@ class GRPOTrainer:
 
     def train_step(self) -> Dict[str, float]:
         """One GRPO step on this rank's batch of prompts."""
-        rl, sampling = self.config.rl_config, self.config.generate_config.sampling_config
+        rl = self.config.rl_config
         timings: Dict[str, float] = {}
         step_start = time.perf_counter()
         batch = next(self._batches)
 
         # 1. Rollout: num_generations completions per prompt from the current policy.
         with _timed(timings, "timing/rollout"):
-            rollout = self.policy.generate(batch.prompt_ids, seed=self._sampling_seed())
-        data = self.last_rollouts = self._pack(batch, rollout.completion_ids, rollout.completion_mask)
+            generated = self.worker.generate(batch.prompt_ids, seed=self._sampling_seed())
+        rollouts = self.last_rollouts = self._rollout_batch(batch, generated.completion_ids, generated.completion_mask)
 
         # 2. Score every completion with the rule-based verifiers (a verifier that fails on all of them raises).
         completions = self.tokenizer.batch_decode(
-            [ids[mask.astype(bool)] for ids, mask in zip(data.completion_ids, data.completion_mask)])
-        golds = [g for g in batch.golds for _ in range(rl.num_generations)]
-        questions = [q for q in batch.questions for _ in range(rl.num_generations)]
+            [ids[mask.astype(bool)] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask)])
+        golds = [gold for gold in batch.golds for _ in range(rl.num_generations)]
+        questions = [question for question in batch.questions for _ in range(rl.num_generations)]
         rewards = self.scorer.score(completions, golds, question=questions)
 
         # 3. Group-relative advantages (groups never straddle ranks: each rank holds whole groups).
-        advantages, zero_std_groups = self.policy.advantages(rewards.aggregated)
+        advantages, zero_std_groups = self.worker.advantages(rewards.aggregated)
 
         # 4. Reference log-probs for the KL penalty (skipped when beta = 0).
         with _timed(timings, "timing/reference_model"):
-            ref_logp = self.policy.reference_logprobs(data) if rl.beta > 0 else None
+            ref_logp = self.worker.reference_logprobs(rollouts) if rl.beta > 0 else None
 
         # 5. Log-probs of the sampling policy, needed to clip the ratio over several passes.
         with _timed(timings, "timing/old_log_p"):
-            old_logp = self.policy.actor_logprobs(data) if rl.num_iterations > 1 else None
+            old_logp = self.worker.actor_logprobs(rollouts) if rl.num_iterations > 1 else None
 
         # 6. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
         with _timed(timings, "timing/update"):
-            update = self.policy.update(data, advantages, old_logp, ref_logp, total_steps=self.total_steps)
+            update = self.worker.update(rollouts, advantages, old_logp, ref_logp, total_steps=self.total_steps)
         if update["skipped"]:
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row > rl.max_skipped_updates:
@@ -218,12 +221,12 @@ class GRPOTrainer:
             self.skipped_in_a_row = 0
 
         # 7. Make the rollout engine see the new weights.
-        with _timed(timings, "timing/resharding_to_infer"):
-            self.policy.sync_weights()
+        with _timed(timings, "timing/weight_sync"):
+            self.worker.sync_weights()
 
         timings["timing/all"] = time.perf_counter() - step_start
         self.step += 1
-        metrics = self._step_metrics(data, rewards, advantages, zero_std_groups, update, timings)
+        metrics = self._step_metrics(rollouts, rewards, advantages, zero_std_groups, update, timings)
         self.metrics.log(self.step, metrics)
         if rl.save_prompt_completions_data and self.step % max(1, rl.save_prompt_completions_interval) == 0:
             self._log_completions(batch, completions, golds, rewards)
@@ -236,32 +239,31 @@ class GRPOTrainer:
         return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.dp_rank])
                    .generate_state(1)[0] & 0x7FFFFFFF)
 
-    def _pack(self, batch: PromptBatch, completion_ids: np.ndarray, completion_mask: np.ndarray) -> Rollouts:
+    def _rollout_batch(self, batch: PromptBatch, completion_ids: np.ndarray,
+                       completion_mask: np.ndarray) -> RolloutBatch:
         """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions."""
-        width = self.config.rl_config.prompt_width(int(batch.lengths.max()))
+        width = Derived(self.config).prompt_width(int(batch.lengths.max()))
         prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
         prompt_mask = np.zeros((len(batch), width), np.int32)
         for i, ids in enumerate(batch.prompt_ids):
             prompt[i, width - len(ids):] = ids
             prompt_mask[i, width - len(ids):] = 1
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
-        return Rollouts(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32))
+        return RolloutBatch(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32))
 
-    def _step_metrics(self, data: Rollouts, rewards, advantages, zero_std_groups: int, update: Dict[str, float],
-                      timings: Dict[str, float]) -> Dict[str, float]:
+    def _step_metrics(self, rollouts: RolloutBatch, rewards, advantages, zero_std_groups: int,
+                      update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:
         rl = self.config.rl_config
         # Rewards and lengths are reduced over ranks so every rank logs (and rank 0 writes) global figures.
-        resp = data.completion_mask.sum(1).astype(np.float64)
-        prompt = data.prompt_lengths.astype(np.float64)
+        resp = rollouts.completion_mask.sum(1).astype(np.float64)
+        prompt = rollouts.prompt_lengths.astype(np.float64)
         local = {"reward": rewards.total.astype(np.float64), "resp": resp, "prompt": prompt}
         sums = all_reduce_sum(np.array([local[k].sum() for k in local] + [len(resp)]), self.dist)
         count = sums[-1]
+        # each rank's minima and negated maxima, gathered: the lowest over ranks of both gives min and max
         mins_maxs = np.concatenate([[v.min(), -v.max()] for v in local.values()])
-        # min and max through a sum of one-hot rank slots keeps to AllReduce(sum), the one collective we rely on
-        slots = np.zeros((self.dist.dp_size, mins_maxs.size))
-        slots[self.dist.dp_rank] = mins_maxs
-        gathered = all_reduce_sum(slots, self.dist)
-        lo, neg_hi = gathered.min(0)[0::2], gathered.min(0)[1::2]
+        lowest = all_gather(mins_maxs, self.dist, over=DP).min(0)
+        lo, neg_hi = lowest[0::2], lowest[1::2]
         metrics: Dict[str, float] = {
             "grpo/rewards/mean": sums[0] / count, "grpo/rewards/min": lo[0], "grpo/rewards/max": -neg_hi[0],
             "response_length/mean": sums[1] / count, "response_length/min": lo[1], "response_length/max": -neg_hi[1],
@@ -283,18 +285,19 @@ class GRPOTrainer:
         metrics.update(timings)
         per_sample_prompt, per_sample_resp = sums[2] / count, sums[1] / count
         prompts, world = rl.batch_size * self.dist.dp_size, self.dist.world_size
-        for name, key in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"), ("vllm_tps", "timing/rollout")):
+        for name, key in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"),
+                          ("rollout_tps", "timing/rollout")):
             metrics[name] = throughput_tps(per_sample_prompt, per_sample_resp, prompts, rl.num_generations, world,
                                            timings[key])
         metrics["epoch"] = float(self.dataset.state_dict()["epoch"])
         return {k: float(v) for k, v in metrics.items()}
 
     def _log_completions(self, batch: PromptBatch, completions: List[str], golds: List[str], rewards) -> None:
-        g = self.config.rl_config.num_generations
+        num_generations = self.config.rl_config.num_generations
         records = []
         for i, text in enumerate(completions):
             records.append({
-                "prompt": self.tokenizer.decode(batch.prompt_ids[i // g], skip_special_tokens=False),
+                "prompt": self.tokenizer.decode(batch.prompt_ids[i // num_generations], skip_special_tokens=False),
                 "completion": text, "gold": golds[i], "reward": float(rewards.total[i]),
                 "rewards": {name: float(v[i]) for name, v in rewards.per_verifier.items()},
             })
@@ -310,7 +313,7 @@ class GRPOTrainer:
         rename. (Several machines must share the checkpoint folder.)"""
         staging = self.checkpoints.save_dir / f"{SHARD_STAGING}{self.step:08d}"
         staging.mkdir(parents=True, exist_ok=True)
-        self.policy.save_optimizer_shard(staging)
+        self.worker.save_optimizer_shard(staging)
         barrier(self.dist)
         saved = None
         if self.dist.is_main:
@@ -322,13 +325,13 @@ class GRPOTrainer:
                     os.replace(shard, folder / shard.name)
 
             saved = self.checkpoints.save(self.step, {
-                "model": self.policy.export,  # first: its gathers pair with serve_export on the peers
+                "model": self.worker.export,  # first: its gathers pair with serve_export on the peers
                 "optimizer": optimizer,
                 "trainer": lambda d: ckpt.save_json(d / "trainer_state.json", state),
             })
             shutil.rmtree(staging, ignore_errors=True)
         elif self.dist.dp_rank == 0 and self.dist.tp_size > 1:
-            self.policy.serve_export()
+            self.worker.serve_export()
         barrier(self.dist)
         return saved
 
@@ -342,8 +345,8 @@ class GRPOTrainer:
         state = ckpt.load_json(path / "trainer" / "trainer_state.json")
         # Each rank reads its own slices of the full HF weights and its moments, resharded if the checkpoint was
         # written under another layout.
-        self.policy.load_weights(path / "model")
-        self.policy.load_optimizer(path / "optimizer")
+        self.worker.load_weights(path / "model")
+        self.worker.load_optimizer(path / "optimizer")
         self.dataset.load_state_dict(state["data"])
         ckpt.set_rng_state(state["rng"])
         self.step, self.skipped_in_a_row = int(state["step"]), int(state["skipped_in_a_row"])

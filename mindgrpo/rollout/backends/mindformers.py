@@ -128,7 +128,7 @@ class MindFormersRolloutEngine:
                                  "treats as padding; use the native backend for such prompts")
         needed = max(map(len, prompts)) + params.max_tokens
         self._ensure_model(-(-needed // _SEQ_STEP) * _SEQ_STEP)
-        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.n)]  # prompt-major
+        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.num_generations)]  # prompt-major
         # the seed starts NumPy's global stream once; later chunks continue it
         with graph_mode():
             return generate_in_chunks(

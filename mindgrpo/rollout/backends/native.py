@@ -2,7 +2,7 @@
 
 Shapes are static per bucket so each bucket compiles exactly once:
 
-* chunk batch ``B``: rows (``prompts x n``) rounded up to a power of two, capped at ``max_batch_size``
+* chunk batch ``B``: rows (``prompts x num_generations``) rounded up to a power of two, capped at ``max_batch_size``
   (larger requests run in chunks of whole rows, prompt-major); the KV cache has ``B`` rows;
 * prompt batch ``P``: distinct prompts of a chunk rounded up to a power of two (identical prompts are
   prefilled once, and each prompt's cache rows are forked to its samples);
@@ -17,13 +17,14 @@ Shapes are static per bucket so each bucket compiles exactly once:
   where its rows end, and after the first rollout of a bucket nothing compiles again.
 
 Where the cache lives depends on the decode path. The fused CPU kernels (``decode_impl="fused"``, float32,
-:class:`~mindgrpo.rollout.backends.native_graphs.FusedDecodeGraph`) keep it in a :class:`~mindgrpo.ops.kv_store.KvStore`,
-memory that is resident only where written: it grows with the rows' lengths, not the limit, a row's memory is
-given back when it ends and the whole cache after each chunk, so between rollouts (during training) it holds
-nothing; columns of a decode batch beyond its live rows name no cache row and the kernel skips them. The plain ops
-(:class:`~mindgrpo.rollout.backends.native_graphs.DecodeGraph`: other dtypes, Ascend) keep it in Parameters of the full
-shape; their batch-``B`` graph reads the cache in place (column ``i`` decodes row ``i``, finished rows included)
-and the smaller ones gather their rows, filling the batch with finished rows whose results are dropped.
+:class:`~mindgrpo.rollout.backends.native_graphs.FusedDecodeGraph`) keep it in a
+:class:`~mindgrpo.ops.kv_store.KvStore`, memory that is resident only where written: it grows with the rows'
+lengths, not the limit, a row's memory is given back when it ends and the whole cache after each chunk, so between
+rollouts (during training) it holds nothing; columns of a decode batch beyond its live rows name no cache row and
+the kernel skips them. The plain ops (:class:`~mindgrpo.rollout.backends.native_graphs.DecodeGraph`: other dtypes,
+Ascend) keep it in Parameters of the full shape; their batch-``B`` graph reads the cache in place (column ``i``
+decodes row ``i``, finished rows included) and the smaller ones gather their rows, filling the batch with finished
+rows whose results are dropped.
 
 Prompts are left-padded to ``S``, so every row writes its ``t``-th token at cache index ``S + t``; position ids
 count from each prompt's first real token and padded keys are masked, which makes results equal to the unpadded
@@ -51,8 +52,10 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, PROMPT_LENGTH_BUCKET, EosIds, RolloutResult,
-                                  SamplingParams, check_prompts, check_request, eos_tuple, generate_in_chunks)
+from mindgrpo.algorithm.registry import DECODE_IMPLS, canonical
+from mindgrpo.config import PROMPT_LENGTH_BUCKET
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams, check_prompts,
+                                  check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
 from mindgrpo.ops.kv_store import KvStore
 from mindgrpo.rollout.backends.native_graphs import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
@@ -115,7 +118,7 @@ class _Bucket:
             self.store: Optional[KvStore] = KvStore(key.batch, spec.local_kv_heads, key.cache_len, spec.head_dim,
                                                     spec.num_layers)
             self.prefill = FusedPrefillGraph(weights, key.cache_len, self.store)
-            self.decode = {batch: FusedDecodeGraph(weights, key.cache_len, self.store, batch)
+            self.decode = {batch: FusedDecodeGraph(weights, key.cache_len, self.store)
                            for batch in decode_batches}
         else:
             self.store = None
@@ -213,8 +216,7 @@ class NativeRolloutEngine:
             raise ValueError(f"prompt_length_buckets {self.prompt_length_buckets} do not reach "
                              f"max_prompt_length={self.max_prompt_length}")
         self.max_cached_buckets = int(max_cached_buckets)
-        if decode_impl not in ("fused", "plain"):
-            raise ValueError(f"decode_impl must be 'fused' or 'plain', got {decode_impl!r}")
+        canonical("decode_impl", decode_impl, DECODE_IMPLS)
         self.fused_decode = decode_impl == "fused" and fused_decode_available(
             ms.get_context("device_target"), self.weights.compute_dtype, self.weights.param_dtype, self.spec.qkv_bias)
         """Whether decoding uses the fused kernels (see ``decode_impl``)."""
@@ -228,7 +230,7 @@ class NativeRolloutEngine:
     # -- public API -------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
         prompts = check_request(prompts, params, self.max_prompt_length, self.spec.vocab_size)
-        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.n)]  # prompt-major
+        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.num_generations)]  # prompt-major
         rng = np.random.default_rng(params.seed)  # one stream for all chunks: reproducible per seed
         with graph_mode():
             return generate_in_chunks(rows, self.max_batch_size,

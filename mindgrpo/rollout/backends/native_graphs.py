@@ -1,4 +1,8 @@
-"""Qwen2 decoder math as compiled MindSpore Cells over the actor's own Parameters, with a static KV cache.
+"""The native rollout engine's Qwen2: prefill and decode graphs with a KV cache, built on the actor's own Parameters.
+
+This is one of mindgrpo's three Qwen2s (the table is in :mod:`mindgrpo.models`): compiled MindSpore Cells made of
+:class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks`, run only for rollouts with the default ``native`` backend
+(:mod:`mindgrpo.rollout.backends.native` builds one prefill graph and a few decode graphs per shape bucket).
 
 The native rollout engine never copies weights: :class:`Qwen2Weights` holds the very ``Parameter`` objects of
 the actor (a MindFormers ``LlamaForCausalLM`` configured as Qwen2), so an optimizer step on the actor is visible
@@ -27,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
-from mindgrpo.models.qwen2_blocks import MASKED_SCORE, Qwen2Blocks, Qwen2Weights
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
 from mindgrpo.ops.kv_store import KvStore
 
 __all__ = ["DecodeGraph", "FusedDecodeGraph", "FusedPrefillGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
@@ -107,7 +111,7 @@ class DecodeGraph(Qwen2Blocks):
         sin = ops.gather(self.sin, positions, 0)
         valid = ops.logical_and(self.key_index.reshape((1, -1)) >= start.reshape((-1, 1)),
                                 self.key_index.reshape((1, -1)) <= write_pos)
-        bias = ((ops.cast(valid, ms.float32) - 1.0) * (-MASKED_SCORE)).reshape((b, 1, 1, -1))
+        bias = mask_bias(ops.cast(valid, ms.float32)).reshape((b, 1, 1, -1))
         row_index = ops.broadcast_to(rows.reshape((-1, 1)), self.head_index.shape)
         slot = ops.stack((row_index, self.head_index, ops.broadcast_to(write_pos, row_index.shape)), -1)
         for i in range(self.num_layers):
@@ -130,7 +134,7 @@ class FusedDecodeGraph(Qwen2Blocks):
     the three MLP products around one SwiGLU kernel, and the next residual add + RMSNorm. Any ``batch`` up to the
     store's rows, in any order of rows. CPU, float32, q/k/v biases (Qwen2's)."""
 
-    def __init__(self, weights: Qwen2Weights, cache_len: int, store: KvStore, batch: int):
+    def __init__(self, weights: Qwen2Weights, cache_len: int, store: KvStore):
         super().__init__(weights, cache_len, ParameterTuple(()))
         from mindgrpo.ops.decode_step import decode_step_ops  # noqa: PLC0415  (compiles the kernels once)
 

@@ -1,6 +1,7 @@
 """The ``vllm`` rollout backend: vllm-mindspore on Ascend NPUs.
 
-Ascend only, and it has never run: vllm-mindspore does not import on CPU, so this adapter is written against
+Ascend only, and it has never run: vllm-mindspore does not import on CPU (it is imported through the Ascend
+boundary, :mod:`mindgrpo.ops.ascend`, which says what is verified where), so this adapter is written against
 vLLM's public ``LLM`` / ``SamplingParams`` / ``TokensPrompt`` API and MindRLHF's way of reaching the MindSpore
 network inside vllm-mindspore. mindgrpo's tests exercise its missing-package error and its weight sync
 (:func:`sync_into_vllm`, into a fake network laid out as vLLM's), nothing else.
@@ -26,24 +27,9 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from mindgrpo.ops.ascend import import_vllm
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
                                   assemble_result, check_request, eos_tuple)
-
-MISSING_VLLM = ("the 'vllm' rollout backend needs the vllm-mindspore package, which runs only on Ascend NPUs "
-                "(it does not import on CPU machines); install it on an Ascend machine with "
-                "`pip install mindgrpo[ascend]`, or choose the 'native' backend")
-
-
-def import_vllm() -> Any:
-    """Import vllm-mindspore (which must come before vllm: it patches vllm for MindSpore) and return ``vllm``."""
-    try:
-        import vllm_mindspore  # noqa: F401
-        import vllm
-    except ImportError as err:
-        raise ImportError(f"{MISSING_VLLM} ({err})") from err
-    except Exception as err:  # installed but unusable here, e.g. no Ascend driver: same advice
-        raise RuntimeError(f"{MISSING_VLLM} (importing it failed: {type(err).__name__}: {err})") from err
-    return vllm
 
 
 class VllmRolloutEngine:
@@ -122,7 +108,7 @@ class VllmRolloutEngine:
 
         prompts = check_request(prompts, params, self.max_prompt_length, self.vocab_size)
         sampling = vllm.SamplingParams(
-            n=params.n, temperature=params.temperature, top_p=params.top_p,
+            n=params.num_generations, temperature=params.temperature, top_p=params.top_p,
             top_k=params.top_k if params.top_k > 0 else -1, repetition_penalty=params.repetition_penalty,
             min_tokens=params.min_tokens, max_tokens=params.max_tokens, seed=params.seed,
             stop_token_ids=list(self.eos_ids + params.stop_token_ids), logprobs=0 if params.logprobs else None,

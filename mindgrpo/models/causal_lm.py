@@ -1,4 +1,11 @@
-"""Qwen2/Qwen2.5 on MindFormers' ``LlamaForCausalLM``, with a training/scoring forward that honours any mask.
+"""Qwen2 as MindFormers builds it: ``LlamaForCausalLM`` configured as Qwen2, its weights loaded from a Hugging Face
+folder (:func:`build_model`), with a forward for training and scoring that honours any mask (:class:`Qwen2CausalLM`).
+
+This is one of mindgrpo's three Qwen2s (the table is in :mod:`mindgrpo.models`): it owns the Parameters. It runs
+as the actor's and the reference's forward when ``rl_config.share_prompt`` is false and as the ``mindformers``
+rollout backend's ``generate`` (role ``inference``); with tensor parallelism :func:`build_model` returns
+a :class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard` instead, whose slices only mindgrpo's own blocks
+(:mod:`mindgrpo.models.qwen2_blocks`) run.
 
 MindFormers' own forward derives positions from the sequence length (0..S-1) and the attention mask from the pad
 token id, which is wrong for left padding, packed sequences and shared prompts. ``Qwen2CausalLM`` keeps MindFormers'
@@ -10,7 +17,7 @@ project only completion positions to the vocabulary.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Optional, Union
 
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
@@ -18,16 +25,13 @@ from mindspore.nn.utils import no_init_parameters
 from mindformers.models.llama import LlamaForCausalLM  # after mindgrpo.models' import preparation
 
 from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
+from mindgrpo.models.qwen2_blocks import mask_bias
 from mindgrpo.models.qwen2_sharded import Qwen2Shard
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.weights import load_hf_weights
 
 PathLike = Union[str, Path]
 ROLES = ("actor", "reference", "inference")
-# Added to the scores of masked keys. Finite on purpose: a query with no visible key (a left-pad row) then gets
-# finite garbage instead of NaN, and NaN in a pad row would reach real rows through 0 * NaN in the value product.
-# -1e4 fits float16 and leaves exp(score - 1e4) == 0 in every dtype for realistic scores.
-MASK_VALUE = -10000.0
 
 
 class Qwen2CausalLM(LlamaForCausalLM):
@@ -40,7 +44,7 @@ class Qwen2CausalLM(LlamaForCausalLM):
     * ``attention_mask``: ``[B, S]`` with 1 for real tokens (left and/or right padding; causality is added), or a
       full ``[B, S, S]`` mask used as given (no causality added), for packed sequences and shared prompts:
       bool/int with 1 where query i may attend to key j, or float and additive (0 = attend, large negative = not;
-      keep it finite, see MASK_VALUE).
+      keep it finite, see ``qwen2_blocks.MASKED_SCORE``).
     * ``position_ids``: int32 ``[B, S]``. Default for a ``[B, S]`` mask: ``cumsum(mask) - 1`` (clipped at 0), so a
       left-padded row gets the positions of the same tokens unpadded; required with a ``[B, S, S]`` mask.
 
@@ -89,7 +93,7 @@ class Qwen2CausalLM(LlamaForCausalLM):
     def _bias(self, allowed: Tensor) -> Tensor:
         """Additive attention bias from a boolean may-attend mask; built in float32 and cast once, because CPU has
         no bfloat16 Sub/Mul kernels."""
-        return ops.cast((1.0 - ops.cast(allowed, mstype.float32)) * MASK_VALUE, self.compute_dtype)
+        return ops.cast(mask_bias(ops.cast(allowed, mstype.float32)), self.compute_dtype)
 
     def logits(self, hidden: Tensor) -> Tensor:
         """float32 logits for hidden states of any leading shape ``[..., H]`` (tied lm_head = the embedding)."""
@@ -97,18 +101,16 @@ class Qwen2CausalLM(LlamaForCausalLM):
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
-                param_dtype: Optional[str] = None, seq_length: int = 2048, load_weights: bool = True,
-                tp_rank: int = 0, tp_size: int = 1, tp_group: str = "",
-                llama_overrides: Optional[Mapping[str, Any]] = None) -> nn.Cell:
+                seq_length: int = 2048, load_weights: bool = True, tp_rank: int = 0, tp_size: int = 1,
+                tp_group: str = "") -> nn.Cell:
     """Build a Qwen2 model from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
 
     Roles: ``actor`` -> ``Qwen2CausalLM``, trainable. ``reference`` -> ``Qwen2CausalLM`` with every Parameter frozen
     (``requires_grad=False``, so it has no trainable params, no optimizer state, no grads) and in eval mode.
-    ``inference`` -> MindFormers' plain ``LlamaForCausalLM`` in eval mode, for its ``generate()`` (pass engine
-    settings such as ``use_past``/``block_size`` on Ascend through ``llama_overrides``).
+    ``inference`` -> MindFormers' plain ``LlamaForCausalLM`` in eval mode, for its ``generate()``.
 
-    ``param_dtype`` defaults to float32 for the actor (optimizer updates need it) and to ``compute_dtype`` for the
-    frozen roles (half the memory on Ascend). ``seq_length`` sizes MindFormers' own causal mask (used by
+    Parameters are float32 for the actor (optimizer updates need it) and in ``compute_dtype`` for the frozen roles
+    (half the memory with a 16-bit compute dtype). ``seq_length`` sizes MindFormers' own causal mask (used by
     ``generate``); the ``Qwen2CausalLM`` forward accepts any length up to the RoPE table.
 
     Tensor parallelism (``tp_size > 1``, rank ``tp_rank`` of the MindSpore group ``tp_group``): the result is a
@@ -121,8 +123,7 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     if role not in ROLES:
         raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
     check_dtype("compute_dtype", compute_dtype)
-    if param_dtype is None:
-        param_dtype = "float32" if role == "actor" else compute_dtype
+    param_dtype = "float32" if role == "actor" else compute_dtype
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
     if tp_size > 1:
@@ -136,8 +137,7 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
                            compute_dtype=compute_dtype, param_dtype=param_dtype)
         load_hf_weights(model, model_dir)  # each tensor replaces its zeros, one at a time
     else:
-        config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=param_dtype, seq_length=seq_length,
-                              overrides=llama_overrides)
+        config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=param_dtype, seq_length=seq_length)
         cls = LlamaForCausalLM if role == "inference" else Qwen2CausalLM
         with no_init_parameters():  # no random init we would overwrite at once
             model = cls(config)

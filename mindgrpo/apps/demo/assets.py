@@ -1,0 +1,173 @@
+"""The demo folder: `make_demo` builds it once, stamps it, and finds it again.
+
+The folder is stamped with `demo.json` (recipe version, seed, file hashes, measured facts), written last. Everything
+is built in a temporary sibling folder that is renamed into place, so an interrupted call leaves nothing
+half-written, and a second call returns the stamped folder at once. Same seed, same files (on the same machine).
+A lock in mindgrpo's cache lets one process build while the others (data-parallel ranks) wait for its stamp.
+"""
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
+
+from mindgrpo.apps.demo._files import file_sha256, write_json, write_jsonl
+from mindgrpo.apps.demo.model import init_weights, model_config
+from mindgrpo.apps.demo.problems import make_problems
+from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
+from mindgrpo.apps.demo.warm_start import warm_start
+
+RECIPE_VERSION = 1
+STAMP = "demo.json"
+STAMP_FORMAT = "mindgrpo-demo"
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+               "tokenizer_config.json", "vocab.json", "merges.txt")
+DEFAULT_WARM_START_STEPS = 400  # an upper bound: the warm start stops at TARGET_MATCH
+
+PathLike = Union[str, os.PathLike]
+
+
+@dataclass(frozen=True)
+class DemoAssets:
+    """Paths of a finished demo folder, and what `make_demo` measured while making it."""
+
+    root: Path
+    model_dir: Path  # Hugging Face folder: config, weights, tokenizer
+    train_jsonl: Path
+    test_jsonl: Path
+    facts: Dict[str, object] = field(default_factory=dict)  # e.g. test_greedy_accuracy, parameters, vocab_size
+
+
+def _asset_paths(root: Path) -> Tuple[Path, Path, Path]:
+    return root / "model", root / "train.jsonl", root / "test.jsonl"
+
+
+def _read_stamp(root: Path) -> Optional[dict]:
+    try:
+        stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and stamp.get("format") == STAMP_FORMAT else None
+
+
+def _cached(root: Path, recipe: dict) -> Optional[DemoAssets]:
+    """The finished assets in `root` when its stamp matches `recipe` and every file still has its recorded hash."""
+    stamp = _read_stamp(root)
+    if stamp is None or stamp.get("recipe") != recipe:
+        return None
+    files = stamp.get("files") or {}
+    for rel, digest in files.items():
+        path = root / rel
+        if not path.is_file() or file_sha256(path) != digest:
+            return None
+    model_dir, train, test = _asset_paths(root)
+    expected = {f"model/{name}" for name in MODEL_FILES} | {"train.jsonl", "test.jsonl"}
+    if not expected <= set(files):
+        return None
+    return DemoAssets(root, model_dir, train, test, dict(stamp.get("facts") or {}))
+
+
+def _publish(tmp: Path, root: Path) -> None:
+    """Move the finished `tmp` folder to `root`, replacing a stale demo folder there."""
+    if root.exists():
+        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+        os.replace(root, old / root.name)
+        try:
+            os.replace(tmp, root)
+        finally:
+            shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, root)
+
+
+def default_demo_dir() -> Path:
+    """Where the README's command keeps the demo: mindgrpo's per-user cache (see `mindgrpo._env.cache_dir`)."""
+    from mindgrpo._env import cache_dir
+
+    return Path(cache_dir()) / "demo"
+
+
+@contextlib.contextmanager
+def _build_lock(root: Path):
+    """One builder per folder at a time: data-parallel ranks that all call `make_demo` wait for the first one and
+    then find its stamp. The lock file lives in mindgrpo's cache, not next to the user's folder."""
+    from mindgrpo._env import cache_dir
+
+    locks = Path(cache_dir()) / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with open(locks / f"demo-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
+              force: bool = False) -> DemoAssets:
+    """Build (or reuse) the demo in `out_dir`: `model/` (Hugging Face folder), `train.jsonl`, `test.jsonl` and the
+    `demo.json` stamp. Returns the existing assets at once when `out_dir` holds a complete demo (every file hash
+    checked) of the same recipe version, seed and `warm_start_steps`, unless `force`.
+
+    `warm_start_steps` caps the supervised warm start, which stops earlier once the model answers TARGET_MATCH of
+    its training batches exactly; 0 keeps the randomly initialised model. `out_dir` must be absent, empty or an
+    earlier demo folder: anything else is refused rather than overwritten.
+    """
+    if warm_start_steps < 0:
+        raise ValueError(f"warm_start_steps={warm_start_steps} must be >= 0 (0 skips the warm start)")
+    root = Path(out_dir).expanduser().resolve()
+    recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
+    with _build_lock(root):
+        cached = None if force else _cached(root, recipe)
+        if cached is not None:
+            return cached
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and _read_stamp(root) is None)):
+            raise FileExistsError(f"{root} exists and is not a mindgrpo demo folder (no {STAMP}); pass an empty or "
+                                  "new folder to make_demo, or delete this one")
+        root.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+        try:
+            tmp.chmod(0o755)  # mkdtemp makes it private; the published folder is an ordinary one
+            facts = _build(tmp, seed, warm_start_steps)
+            files = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
+            write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
+            _publish(tmp, root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return DemoAssets(root, *_asset_paths(root), facts)
+
+
+def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
+    """Write every asset into `root`; returns the facts for the stamp."""
+    from safetensors.numpy import save_file
+
+    model_dir, train_path, test_path = _asset_paths(root)
+    init_dir = root / "init" if warm_start_steps else model_dir
+    init_dir.mkdir()
+    train, test = make_problems(seed)
+    write_jsonl(train_path, train)
+    write_jsonl(test_path, test)
+    tok = train_tokenizer(train)
+    ids = write_tokenizer(tok, init_dir)
+    config = model_config(tok.get_vocab_size(), ids)
+    write_json(init_dir / "config.json", config)
+    write_json(init_dir / "generation_config.json", {  # Qwen2.5-Instruct stops on <|im_end|> and <|endoftext|>
+        "bos_token_id": config["bos_token_id"], "eos_token_id": [config["eos_token_id"], config["pad_token_id"]],
+        "pad_token_id": config["pad_token_id"]})
+    weights = init_weights(config, seed)
+    save_file(weights, str(init_dir / "model.safetensors"), metadata={"format": "pt"})  # what transformers expects
+    facts: Dict[str, object] = {"vocab_size": config["vocab_size"],
+                                "parameters": int(sum(v.size for v in weights.values())),
+                                "num_train": len(train), "num_test": len(test)}
+    if warm_start_steps:
+        facts.update(warm_start(init_dir, model_dir, train, test, max_steps=warm_start_steps, seed=seed))
+        shutil.rmtree(init_dir)
+    return facts

@@ -1,0 +1,107 @@
+"""Train a Qwen2.5 policy with GRPO: ``mindgrpo train``, also run as ``examples/grpo/main.py`` (MindRLHF's entry).
+
+    python examples/grpo/main.py                                  # embedded demo: no downloads, a few minutes on CPU
+    python examples/grpo/main.py --config grpo_config.yaml [--dataset_file ...] [rl_config.beta=0.0 ...]
+    msrun --worker_num=2 --local_worker_num=2 --master_addr=127.0.0.1 --master_port=8118 \\
+        examples/grpo/main.py --config grpo_config.yaml             # data parallel (CPU) / semi-auto (Ascend)
+
+``mindgrpo train`` (or ``python -m mindgrpo train``) takes the same arguments. Flags are MindRLHF's; any config key
+can be overridden as ``group.key=value``, before, between or after the flags. ``--help-config`` lists every key.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+import mindgrpo
+from mindgrpo.config import CLI_FLAGS, ConfigError, describe, load_config
+from mindgrpo.data import DataError
+
+# The embedded demo's config ships with the source checkout, beside examples/grpo/main.py.
+DEMO_CONFIG = Path(mindgrpo.__file__).resolve().parents[1] / "examples" / "grpo" / "grpo_demo.yaml"
+
+
+def build_parser(prog: Optional[str] = "mindgrpo train") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", help="grpo_config.yaml; omit to run the embedded demo")
+    for flag, key in CLI_FLAGS.items():
+        if flag == "resume_training":
+            parser.add_argument("--resume_training", action="store_true", default=None, help=f"sets {key}")
+        else:
+            parser.add_argument(f"--{flag}", help=f"sets {key}")
+    parser.add_argument("--help-config", action="store_true", help="print every config key with its documentation")
+    parser.add_argument("overrides", nargs="*", metavar="group.key=value", help="config overrides")
+    return parser
+
+
+def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo train") -> argparse.Namespace:
+    """Flags and overrides in any order: intermixed parsing gathers every ``group.key=value`` wherever it stands
+    (an unknown flag is still refused by name, and :func:`load_config` names an override without ``=``)."""
+    return build_parser(prog).parse_intermixed_args(argv)
+
+
+def run_inputs(args: argparse.Namespace) -> Tuple[Path, List[str], dict]:
+    """The ``load_config`` arguments of a command line: (config path, overrides, MindRLHF flags). Without
+    ``--config`` this is the embedded demo, whose model and data are made first (cached)."""
+    flags = {flag: getattr(args, flag) for flag in CLI_FLAGS}
+    overrides = list(args.overrides)
+    if args.config is not None:
+        return Path(args.config), overrides, flags
+    if not DEMO_CONFIG.is_file():
+        raise ConfigError(f"no --config given, and the embedded demo's config {DEMO_CONFIG} is missing (it comes "
+                          "with the source checkout): pass --config grpo_config.yaml")
+    run_dir = Path("output") / "demo"
+    for flag, value in prepare_demo(run_dir).items():
+        flags[flag] = flags[flag] or value
+    return DEMO_CONFIG, [f"rl_config.output_dir={run_dir.resolve()}", *overrides], flags
+
+
+def prepare_demo(run_dir: Path) -> dict:
+    """Make the demo model and data (cached) and convert the data as ``mindgrpo data`` does."""
+    from mindgrpo.apps.data_cli import main as convert
+    from mindgrpo.apps.demo import default_demo_dir, make_demo
+
+    assets = make_demo(default_demo_dir())
+    dataset = run_dir / "data" / "train.mindrecord"
+    if not dataset.exists():
+        args = ["--tokenizer_dir", str(assets.model_dir), "--file_path", str(assets.train_jsonl), "--output_path",
+                str(dataset), "--dataset_type", "gsm8k", "--prompt_template", "gsm8k_hash", "--max_prompt_length",
+                "64", "--no_progress"]
+        print("[demo] converting the demo data: mindgrpo data", " ".join(args), flush=True)
+        if convert(args) != 0:
+            raise DataError(f"converting the demo data {assets.train_jsonl} failed: see the error above")
+    return {"actor_checkpoint_path": str(assets.model_dir), "dataset_file": str(dataset)}
+
+
+def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo train") -> int:
+    args = parse_args(argv, prog)
+    if args.help_config:
+        print("\n".join(describe()))
+        return 0
+    try:
+        config = load_config(*run_inputs(args))
+        from mindgrpo.train.trainer import GRPOTrainer
+
+        trainer = GRPOTrainer(config)
+    except (ConfigError, DataError) as err:  # bad config or data: the message says what to change
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from mindgrpo.train.trainer import PeerLostError
+
+    try:
+        trainer.train()
+    except PeerLostError as err:
+        # The collectives are broken, and MindSpore's teardown then may crash (a SIGSEGV was seen here after this
+        # message): say why and leave at once, with a status that tells a launcher the run failed.
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        os._exit(1)
+    if trainer.dist.is_main:
+        out = Path(config.rl_config.output_dir)
+        print(f"[mindgrpo] done: {trainer.step} steps. Metrics: {out / 'metrics.jsonl'} (TensorBoard: "
+              f"tensorboard --logdir {out / 'tensorboard'}); completions: {out / 'completions.jsonl'}; "
+              f"checkpoints: {config.checkpoint_dir}", flush=True)
+    return 0

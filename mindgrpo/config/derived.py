@@ -1,0 +1,56 @@
+"""The values that follow from a config, computed here and only here (the trainer, the policy, the planner and
+the doctor read them from :class:`Derived`).
+
+Each is computed when read, from the config as it is then: the doctor reads them from a config that may have
+failed validation, and only a value that needs a bad key fails.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Tuple
+
+if TYPE_CHECKING:
+    from mindgrpo.config.schema import GRPOConfig
+
+
+class Derived:
+    """``Derived(config).completions_per_rank`` and the rest: what a run's shapes and step counts are."""
+
+    def __init__(self, config: "GRPOConfig"):
+        self.config = config
+
+    @property
+    def completions_per_rank(self) -> int:
+        """One step's rollouts on a data-parallel rank: ``batch_size`` prompts x ``num_generations`` each."""
+        rl = self.config.rl_config
+        return rl.batch_size * rl.num_generations
+
+    @property
+    def grad_accum_steps(self) -> int:
+        """Padded micro-batches whose gradients one optimizer step sums (the loss's divisor G)."""
+        return self.completions_per_rank // self.config.actor_config.micro_batch_size
+
+    @property
+    def packed_rows(self) -> int:
+        """Rows of ``max_tokens`` in one packed forward (``actor_config.max_tokens_per_micro_batch`` rounded down to
+        whole rows); 0: padded micro-batches."""
+        return (self.config.actor_config.max_tokens_per_micro_batch
+                // self.config.generate_config.sampling_config.max_tokens)
+
+    @property
+    def prompt_widths(self) -> Tuple[int, ...]:
+        """Every padded prompt width a step can meet: multiples of ``prompt_bucket`` up to ``max_prompt_length``
+        (the native rollout engine's prompt-length buckets and the reference and training graphs' widths)."""
+        step, cap = self.config.rl_config.prompt_bucket, self.config.rl_config.max_prompt_length
+        return tuple(sorted({min(cap, width) for width in range(step, cap + step, step)}))
+
+    def prompt_width(self, longest_prompt: int) -> int:
+        """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of
+        :attr:`prompt_widths` that holds it (few distinct shapes: GRAPH mode compiles each once)."""
+        widths = self.prompt_widths
+        return next((width for width in widths if width >= longest_prompt), widths[-1])
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        """Training steps of the run: ``max_steps``, or ``epochs`` passes of ``steps_per_epoch`` (the dataset's
+        full global batches) when it is 0."""
+        rl = self.config.rl_config
+        return rl.max_steps or rl.epochs * steps_per_epoch

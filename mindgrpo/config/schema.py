@@ -1,0 +1,396 @@
+"""The typed GRPO configuration: one dataclass per key group of a MindRLHF-style ``grpo_config.yaml``.
+
+The yaml has the key groups MindRLHF users know (``rl_config``, ``actor_config``, ``ref_config``,
+``reward_config``, ``generate_config``, with ``parallel_config``, ``optimizer``, ``lr_schedule`` and
+``sampling_config`` blocks inside). Each group is a dataclass below; the string under each field is its
+documentation (``python -m mindgrpo config-help`` prints them all). Every default lives here and only here:
+:mod:`mindgrpo.config.load` fills these dataclasses from yaml and the command line, :mod:`mindgrpo.config.validate`
+checks them, :mod:`mindgrpo.config.derived` computes what follows from them.
+"""
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import textwrap
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+class ConfigError(ValueError):
+    """A configuration problem, with the key and where it came from."""
+
+
+# Path markers (field metadata): validate checks the paths of each kind, the loader resolves them.
+INPUT_PATH = {"path": "input"}    # must exist before training starts
+OUTPUT_PATH = {"path": "output"}  # created on demand; its parent must be writable
+
+# Prompts are left-padded to multiples of this (rl_config.prompt_bucket's default): the native engine's buckets, and
+# the grid the trainer and the evaluator size their prompt limits to (each distinct width is one more compiled graph).
+PROMPT_LENGTH_BUCKET = 64
+
+
+@dataclass
+class ParallelConfig:
+    data_parallel: int = 1
+    """Data-parallel replicas. Each reads its own shard of prompts; gradients are averaged over them.
+    data_parallel x model_parallel must equal the msrun worker count."""
+    model_parallel: int = 1
+    """Tensor-parallel degree (Megatron-style, explicit collectives; CPU and Ascend): each rank of a group of
+    model_parallel consecutive ranks holds 1/model_parallel of the attention heads, the MLP and the vocabulary,
+    read straight from the HF folder. It must divide the attention heads, the vocabulary and the MLP size, and
+    divide the key/value heads or be a multiple of them (then KV heads are replicated). Actor, reference and the
+    native rollout engine use the same degree."""
+    pipeline_stage: int = 1
+    """Pipeline stages. Only 1 is implemented (a larger value is refused): split a large model with
+    model_parallel instead (`python -m mindgrpo plan` shows what fits)."""
+    optimizer_shard: bool = True
+    """ZeRO-1 across data-parallel ranks: each keeps the AdamW moments of only its 1/data_parallel share of the
+    parameters, updates that share and sends it to the others (no effect with data_parallel 1)."""
+
+
+
+@dataclass
+class OptimizerConfig:
+    type: str = "AdamW"
+    """Optimizer. Only AdamW is supported (decoupled weight decay, as in MindRLHF and TRL)."""
+    beta1: float = 0.9
+    """AdamW first-moment decay."""
+    beta2: float = 0.999
+    """AdamW second-moment decay (MindRLHF's Qwen recipe uses 0.95)."""
+    eps: float = 1.0e-8
+    """AdamW denominator epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay, applied to matrices only (not to norms or biases)."""
+    max_grad_norm: float = 1.0
+    """Global gradient-norm clip; 0 disables clipping (the norm is still logged as grad_norm)."""
+
+
+@dataclass
+class LRScheduleConfig:
+    type: str = "constant"
+    """``constant`` (after optional warmup), ``cosine`` (linear warmup, then cosine decay to lr_end) or ``linear``
+    (linear warmup, then linear decay to lr_end; Hugging Face's and TRL's default).
+    MindRLHF's ``CosineWithWarmUpLR`` is accepted as ``cosine``."""
+    learning_rate: float = 1.0e-6
+    """Peak learning rate."""
+    lr_end: float = 0.0
+    """Final learning rate of the cosine and linear schedules."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to learning_rate."""
+    total_steps: int = 0
+    """Optimizer steps the decay spans; 0 means the whole run."""
+
+
+@dataclass
+class ActorConfig:
+    load: str = field(default="", metadata=INPUT_PATH)
+    """Hugging Face Qwen2.5 folder (config.json + *.safetensors) the policy starts from
+    (command line: --actor_checkpoint_path)."""
+    compute_dtype: str = "float32"
+    """Matmul dtype: float32 on CPU; bfloat16 or float16 on Ascend. Parameters stay float32."""
+    micro_batch_size: int = 8
+    """Completions per forward/backward in the update; gradients are accumulated over micro-batches. With
+    max_tokens_per_micro_batch it only sets bnpo's averaging groups (the loss stays the padded path's)."""
+    max_tokens_per_micro_batch: int = 0
+    """Pack the completions without their padding (verl's ``use_remove_padding`` with
+    ``ppo_max_token_len_per_gpu``): every forward of the reference, old-log-prob and training passes then holds
+    up to this many completion tokens, as rows of ``generate_config.sampling_config.max_tokens`` (so at least that;
+    rounded down to whole rows) that each hold one group's completions end to end, instead of micro_batch_size
+    (ref_config.ref_model_batch_size) completions each padded to the limit. Same log-probs, gradients and loss; a
+    forward's memory is that of a padded micro-batch of as many rows. Set it for long, ragged completions: `small`
+    model, 512 new tokens, median length 128, 16 rows of 512 (``tools/bench_packing.py``): the reference pass and
+    the update take 0.5x and 0.6x the padded path's time; with every completion at the limit, the same time. 0
+    (default): padded micro-batches. Not on by default because a packed forward computes up to min(rows, the
+    rank's prompts) prompts where a padded one computes rows / num_generations: with few rows per forward, many
+    prompts per rank and every completion at the limit, that costs more than the padding saved. Needs
+    rl_config.share_prompt: true."""
+    recompute: bool = False
+    """Recompute each decoder layer in the actor's backward (``Cell.recompute()`` on every layer of the
+    shared-prompt forward): only each layer's input hidden state is kept, and one layer's activations are rebuilt
+    at a time, for one more forward of the layers per update. Same gradients, much less activation memory (4 x 128
+    prompt + 32 x 128 completion tokens, 8 small layers, CPU: 1027 -> 370 MiB, ``tools/bench_recompute.py``).
+    Applies with ``rl_config.share_prompt: true``; reference and old-logprob scoring have no backward."""
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    """Training layout of the actor."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """Optimizer settings."""
+    lr_schedule: LRScheduleConfig = field(default_factory=LRScheduleConfig)
+    """Learning-rate schedule."""
+
+
+@dataclass
+class RefConfig:
+    load: str = field(default="", metadata=INPUT_PATH)
+    """Reference-model folder; empty means the actor's starting weights (command line: --ref_checkpoint_path)."""
+    compute_dtype: str = "float32"
+    """Matmul dtype of the frozen reference model."""
+    ref_model_batch_size: int = 8
+    """Completions per reference forward."""
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    """Layout of the reference model: the actor's (the reference runs on the same ranks with the same slices).
+    Left at the default it is the actor's; any other value that differs from the actor's is refused."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    """Softmax temperature for rollouts (also applied to the training log-probs, as TRL does)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest set of tokens with this total probability; 1 disables."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; -1 (or 0) disables."""
+    repetition_penalty: float = 1.0
+    """CTRL-style penalty on tokens already in the prompt or completion; 1 disables."""
+    max_tokens: int = 512
+    """Maximum completion length in tokens."""
+    min_tokens: int = 0
+    """EOS is suppressed until a completion has this many tokens."""
+
+
+@dataclass
+class GenerateConfig:
+    backend: str = "native"
+    """Rollout engine: ``native`` (MindSpore KV-cache decoding over the actor's own weights, GRAPH mode; the fast
+    CPU path), ``mindformers`` (MindFormers' generate on a separate inference cell), or ``vllm``
+    (vllm-mindspore, Ascend only; install with ``pip install mindgrpo[ascend]``)."""
+    load: str = field(default="", metadata=INPUT_PATH)
+    """Folder of the inference weights; empty means the actor's (kept in sync after every update)
+    (command line: --generate_checkpoint_path)."""
+    infer_model_batch_size: int = 32
+    """Sequences decoded together by the rollout engine."""
+    decode_impl: str = "fused"
+    """native only: ``fused`` (the decode step's attention with its KV-cache write, RMSNorm and SwiGLU as C++
+    kernels: a quarter of the kernel launches; CPU, float32, Qwen2's q/k/v biases; elsewhere the plain ops are
+    used) or ``plain`` (MindSpore ops; the reference)."""
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    """Layout of the inference model. ``native`` reads the actor's own slices, so it is the actor's layout (left at
+    the default it is; another value that differs is refused); ``vllm`` may use another model_parallel (weights
+    are resharded on sync, see mindgrpo.rollout.resharding)."""
+    sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
+    """Sampling settings."""
+    gpu_memory_utilization: float = 0.9
+    """vllm only: share of device memory vllm may take for weights and KV cache."""
+    block_size: int = 32
+    """vllm only: KV-cache block size in tokens."""
+    max_model_len: int = 0
+    """vllm only: longest prompt + completion; 0 means rl_config.seq_length."""
+
+
+@dataclass
+class RewardConfig:
+    verifier_function: List[str] = field(default_factory=lambda: ["accuracy_reward", "format_reward"])
+    """Verifiers by registered name (see mindgrpo.rewards) or as ``package.module:function``
+    (command line: --verifier_function)."""
+    verifier_weight: List[float] = field(default_factory=lambda: [1.0, 1.0])
+    """One weight per verifier; the reward is their weighted sum (command line: --verifier_weight)."""
+    gate_accuracy_on_format: bool = False
+    """Score accuracy only when the format verifier passes (reward = accuracy x format) instead of adding them."""
+    fallback_last_number: bool = False
+    """When a completion has no answer marker, take its last number as the answer."""
+    aggregation: str = "sum_then_normalize"
+    """How several verifiers make the reward the advantages are computed from (TRL's
+    ``multi_objective_aggregation``): ``sum_then_normalize`` adds the weighted scores, and rl_config.scale_rewards
+    normalises the sum; ``normalize_then_sum`` (GDPO) first normalises each verifier's scores within each group,
+    ``(r - mean) / (std + 1e-4)``, adds them with their weights, and the advantages normalise that sum over the batch
+    (so it needs rl_config.scale_rewards: batch, which is what TRL does). The logged reward is the weighted sum."""
+    verifier_timeout: float = 0.0
+    """Seconds one verifier call may take (one completion; a batch verifier's one call covers the whole batch, so one
+    over it has scored nothing and stops the run). A call over it is cut (its worker process killed and replaced):
+    that completion scores 0 and is counted in grpo/verifier_failures/<verifier> and grpo/verifier_timeouts/<verifier>.
+    A hang in C code (a catastrophic regex) cannot be interrupted inside the trainer's process, so a limit runs the
+    verifiers in worker processes (one when verifier_parallel is 0), which import them by name: each must be a
+    top-level function of an importable module.
+    0 (default): no limit, verifiers run in the trainer's process. Measured cost of the worker path on 32 completions
+    x 2 verifiers, on 2 busy cores: about 0.1 ms per call, 5-8 ms per step (0.6 ms in-process; a tiny-model step
+    takes about 600 ms), and 0.2-0.9 s to start a worker, once and after each cut call."""
+    verifier_parallel: int = 0
+    """Worker processes (per rank) that share the verifier calls, for slow verifiers; see verifier_timeout.
+    0 (default): verifiers run in the trainer's process, or in one worker when verifier_timeout is set."""
+
+
+@dataclass
+class RLConfig:
+    dataset_file: str = field(default="", metadata=INPUT_PATH)
+    """MindRecord made by tools/rlhf_data.py (command line: --dataset_file)."""
+    tokenizer_dir: str = field(default="", metadata=INPUT_PATH)
+    """Folder with tokenizer.json (or vocab.json + merges.txt); empty means actor_config.load
+    (command line: --tokenizer_dir)."""
+    output_dir: str = field(default="output", metadata=OUTPUT_PATH)
+    """Run folder: metrics.jsonl, tensorboard/, completions.jsonl."""
+    save_checkpoint_dir: str = field(default="", metadata=OUTPUT_PATH)
+    """Checkpoint folder; empty means <output_dir>/checkpoints (command line: --save_checkpoint_dir)."""
+    resume_training: bool = False
+    """Continue from the newest complete checkpoint in save_checkpoint_dir (command line: --resume_training)."""
+    seed: int = 0
+    """Seed for data order, sampling and initialisation."""
+    mode: str = "graph"
+    """MindSpore execution mode: ``graph`` (compiled, fast) or ``pynative`` (eager, for debugging)."""
+    device_target: str = "auto"
+    """``auto`` (what MindSpore finds), ``CPU`` or ``Ascend``."""
+    epochs: int = 1
+    """Passes over the dataset; ignored when max_steps > 0."""
+    max_steps: int = 0
+    """Training steps (each: one batch of prompts); 0 means epochs x steps per epoch."""
+    batch_size: int = 4
+    """Prompts per step on each data-parallel rank."""
+    num_generations: int = 8
+    """Completions sampled per prompt (the GRPO group size)."""
+    num_iterations: int = 1
+    """Optimizer passes over each batch of rollouts (the inner PPO epochs, mu in the GRPO paper). With more than
+    one, log-probs of the sampling policy are computed once and the ratio is clipped against them."""
+    max_prompt_length: int = 512
+    """Longest prompt in tokens (prompts were padded or rejected to this by the data tool)."""
+    prompt_bucket: int = PROMPT_LENGTH_BUCKET
+    """Prompts are left-padded to a multiple of this, in the native rollout engine and in the reference and
+    training graphs. Each width a batch reaches is a few more compiled graphs, which keep memory for the life of the
+    process (on CPU about 0.1 GB per width for the tiny model, 0.3 GB for a hidden-512, 8-layer one); a wider
+    bucket means fewer widths but more padding, which every decode step and the prompt part of every forward pay
+    for. GRPOTrainer.precompile() compiles only the widths the run's batches reach."""
+    seq_length: int = 1024
+    """Longest prompt + completion in tokens; max_prompt_length + sampling max_tokens must fit."""
+    beta: float = 0.04
+    """Weight of the KL penalty to the reference model; 0 skips the reference model entirely."""
+    kl_estimator: str = "k3"
+    """KL estimator: ``k1`` (log-ratio), ``k2`` (half squared log-ratio) or ``k3`` (low-variance, as
+    DeepSeekMath and TRL). verl's names ``kl``, ``mse`` and ``low_var_kl`` are accepted for them."""
+    use_bias_correction_kl: bool = False
+    """Multiply the k3 KL by the importance ratio (DeepSeek-V3.2; on by default in TRL 1.16, off here as in
+    MindRLHF's GRPO)."""
+    epsilon_low: float = 0.2
+    """Lower clip range: ratios below 1 - epsilon_low are clipped."""
+    epsilon_high: float = 0.2
+    """Upper clip range: ratios above 1 + epsilon_high are clipped (DAPO's clip-higher uses 0.28)."""
+    loss_type: str = "grpo"
+    """Loss aggregation: ``grpo`` (token mean per sequence, then batch mean; DeepSeekMath and MindRLHF),
+    ``bnpo`` (token mean over the local batch), ``dr_grpo`` (token sum / (batch x max_tokens)), ``dapo`` (token
+    mean over the global batch, across micro-batches and data-parallel ranks)."""
+    scale_rewards: str = "group"
+    """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
+    (Dr. GRPO: no division)."""
+    loss_impl: str = "fused"
+    """``fused`` (one custom kernel for surrogate + KL + metrics) or ``plain`` (MindSpore ops; the reference)."""
+    share_prompt: bool = True
+    """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
+    completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
+    tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
+    ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
+    unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
+    save_ckpt_interval: int = 100
+    """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
+    save_max_ckpt_num: int = 1
+    """Checkpoints kept; older ones are deleted after a newer one is complete."""
+    save_prompt_completions_data: bool = True
+    """Write prompts, completions and rewards to completions.jsonl (to find the "aha moment")."""
+    save_prompt_completions_interval: int = 1
+    """Steps between completion dumps."""
+    max_skipped_updates: int = 3
+    """Consecutive optimizer updates skipped for a non-finite loss or gradient (the weights are kept; each is
+    counted in ``grpo/skipped_updates``) before the run stops with an error. Formerly ``max_skipped_steps``."""
+
+
+@dataclass
+class GRPOConfig:
+    rl_config: RLConfig = field(default_factory=RLConfig)
+    """Data, algorithm, checkpoints and logging."""
+    actor_config: ActorConfig = field(default_factory=ActorConfig)
+    """The policy being trained."""
+    ref_config: RefConfig = field(default_factory=RefConfig)
+    """The frozen reference model for the KL penalty."""
+    reward_config: RewardConfig = field(default_factory=RewardConfig)
+    """Rule-based verifiers and their weights."""
+    generate_config: GenerateConfig = field(default_factory=GenerateConfig)
+    """The rollout engine."""
+    config_path: Optional[str] = field(default=None, repr=False, metadata={"internal": True})
+    """The yaml this config was loaded from (set by load_config; not a yaml key)."""
+
+    # Convenience views of the derived paths, so callers do not repeat the fallbacks.
+    @property
+    def tokenizer_dir(self) -> str:
+        return self.rl_config.tokenizer_dir or self.actor_config.load
+
+    @property
+    def ref_load(self) -> str:
+        return self.ref_config.load or self.actor_config.load
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.rl_config.save_checkpoint_dir or os.path.join(self.rl_config.output_dir, "checkpoints")
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, overrides: Sequence[str] = ()) -> "GRPOConfig":
+        from mindgrpo.config.load import load_config  # the loader builds on this module
+
+        return load_config(path, overrides)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain nested dict in yaml layout (paths as resolved)."""
+        out = dataclasses.asdict(self)
+        out.pop("config_path")
+        return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Field documentation (the strings under each field)
+
+def field_docs(cls: type) -> Dict[str, str]:
+    """Attribute docstrings of a dataclass, read from its source."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    docs: Dict[str, str] = {}
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def describe(cls: type = GRPOConfig, prefix: str = "") -> List[str]:
+    """One line per leaf key: ``group.key (type, default): documentation``."""
+    lines: List[str] = []
+    docs = field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            lines.extend(describe(hints[f.name], key + "."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            lines.append(f"{key} ({_type_name(hints[f.name])}, default {default!r}): {docs.get(f.name, '')}")
+    return lines
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (list, List):
+        return f"list[{_type_name(typing.get_args(tp)[0])}]"
+    return getattr(tp, "__name__", str(tp))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Keys by their dotted names
+
+def get_key(config: Any, dotted: str) -> Any:
+    """The value of ``dotted`` (``group.key``, e.g. ``rl_config.beta``) in ``config``."""
+    obj = config
+    for name in dotted.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def path_keys(kind: str, cls: type = GRPOConfig, prefix: str = "") -> List[str]:
+    """The dotted keys of the fields marked as ``kind`` paths (``input`` or ``output``, see INPUT_PATH)."""
+    keys: List[str] = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += path_keys(kind, hints[f.name], f"{prefix}{f.name}.")
+        elif f.metadata.get("path") == kind:
+            keys.append(prefix + f.name)
+    return keys

@@ -1,0 +1,315 @@
+"""Every check of a GRPO config, before any work starts: one ConfigError that lists all the problems.
+
+:func:`validate` checks the values and how they agree (and that every input path exists); it also puts the aliases
+of a choice under their canonical names. Two checks need what only a run knows and are called by the trainer and
+the doctor: :func:`check_micro_batches` (the update's static shapes) and :func:`check_parallel_layout` (the worker
+count and the model's shape). The named choices come from :mod:`mindgrpo.algorithm.registry`.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple
+
+from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES, KL_ALIASES,
+                                         KL_ESTIMATORS, LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES,
+                                         OPTIMIZERS, REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, SCALE_REWARDS, canonical)
+from mindgrpo.config.derived import Derived
+from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
+
+# Each key with a named choice: (its choices, the aliases validate renames to them).
+CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
+    "rl_config.mode": (EXECUTION_MODES, None),
+    "rl_config.device_target": (DEVICE_TARGETS, None),
+    "rl_config.kl_estimator": (KL_ESTIMATORS, KL_ALIASES),
+    "rl_config.loss_type": (LOSS_TYPES, None),
+    "rl_config.scale_rewards": (SCALE_REWARDS, None),
+    "rl_config.loss_impl": (LOSS_IMPLS, None),
+    "actor_config.compute_dtype": (COMPUTE_DTYPES, None),
+    "ref_config.compute_dtype": (COMPUTE_DTYPES, None),
+    "actor_config.optimizer.type": (OPTIMIZERS, None),
+    "actor_config.lr_schedule.type": (LR_SCHEDULES, LR_SCHEDULE_ALIASES),
+    "generate_config.backend": (ROLLOUT_BACKENDS, None),
+    "generate_config.decode_impl": (DECODE_IMPLS, None),
+    "reward_config.aggregation": (REWARD_AGGREGATIONS, None),
+}
+
+
+def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
+    """Check values and (optionally) that every input path exists; raise one ConfigError listing all problems."""
+    problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
+                + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
+                + _reward_problems(config))
+    if config.generate_config.backend == "vllm":
+        problems += _vllm_layout_problems(config)
+    if check_paths:
+        problems += _path_problems(config)
+    if problems:
+        where = f" in {config.config_path}" if config.config_path else ""
+        raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
+    return config
+
+
+def _choice_problems(config: GRPOConfig) -> List[str]:
+    """Each choice under its canonical name (an alias is renamed in place), or a problem naming the choices."""
+    problems: List[str] = []
+    for key, (choices, aliases) in CHOICES.items():
+        parent, _, name = key.rpartition(".")
+        try:
+            setattr(get_key(config, parent), name, canonical(key, get_key(config, key), choices, aliases))
+        except ValueError as err:
+            problems.append(str(err))
+    return problems
+
+
+def _range_problems(config: GRPOConfig) -> List[str]:
+    rl, sampling = config.rl_config, config.generate_config.sampling_config
+    sched = config.actor_config.lr_schedule
+    positive = {
+        "rl_config.batch_size": rl.batch_size, "rl_config.num_generations": rl.num_generations,
+        "rl_config.num_iterations": rl.num_iterations, "rl_config.max_prompt_length": rl.max_prompt_length,
+        "rl_config.seq_length": rl.seq_length, "generate_config.sampling_config.max_tokens": sampling.max_tokens,
+        "rl_config.prompt_bucket": rl.prompt_bucket,
+        "actor_config.micro_batch_size": config.actor_config.micro_batch_size,
+        "ref_config.ref_model_batch_size": config.ref_config.ref_model_batch_size,
+        "generate_config.infer_model_batch_size": config.generate_config.infer_model_batch_size,
+        "rl_config.save_max_ckpt_num": rl.save_max_ckpt_num, "rl_config.epochs": rl.epochs,
+    }
+    problems = [f"{k} = {v}: must be at least 1" for k, v in positive.items() if v < 1]
+    nonneg = {"rl_config.beta": rl.beta, "rl_config.epsilon_low": rl.epsilon_low,
+              "rl_config.epsilon_high": rl.epsilon_high, "rl_config.max_steps": rl.max_steps,
+              "rl_config.save_ckpt_interval": rl.save_ckpt_interval,
+              "actor_config.lr_schedule.learning_rate": sched.learning_rate,
+              "actor_config.lr_schedule.warmup_steps": sched.warmup_steps,
+              "actor_config.optimizer.max_grad_norm": config.actor_config.optimizer.max_grad_norm,
+              "generate_config.sampling_config.min_tokens": sampling.min_tokens}
+    problems += [f"{k} = {v}: must not be negative" for k, v in nonneg.items() if v < 0]
+    if not 0 <= rl.epsilon_low < 1:
+        problems.append(f"rl_config.epsilon_low = {rl.epsilon_low}: must be in [0, 1)")
+    if sampling.temperature <= 0:
+        problems.append(f"generate_config.sampling_config.temperature = {sampling.temperature}: must be > 0 "
+                        "(use top_k: 1 for greedy decoding)")
+    if not 0 < sampling.top_p <= 1:
+        problems.append(f"generate_config.sampling_config.top_p = {sampling.top_p}: must be in (0, 1]")
+    return problems
+
+
+def _length_problems(config: GRPOConfig) -> List[str]:
+    rl, sampling = config.rl_config, config.generate_config.sampling_config
+    problems: List[str] = []
+    if sampling.min_tokens > sampling.max_tokens:
+        problems.append(f"generate_config.sampling_config.min_tokens = {sampling.min_tokens} exceeds "
+                        f"max_tokens = {sampling.max_tokens}")
+    if rl.max_prompt_length + sampling.max_tokens > rl.seq_length:
+        problems.append(f"rl_config.max_prompt_length ({rl.max_prompt_length}) + "
+                        f"generate_config.sampling_config.max_tokens ({sampling.max_tokens}) exceeds "
+                        f"rl_config.seq_length ({rl.seq_length}): raise seq_length or shorten one of them")
+    return problems
+
+
+def _micro_batch_sizes(config: GRPOConfig) -> Dict[str, int]:
+    return {"actor_config.micro_batch_size": config.actor_config.micro_batch_size,
+            "ref_config.ref_model_batch_size": config.ref_config.ref_model_batch_size}
+
+
+def _shared_prompt_problems(config: GRPOConfig) -> List[str]:
+    num_generations = config.rl_config.num_generations
+    if not config.rl_config.share_prompt:
+        return []
+    return [f"{key} = {size} is not a multiple of rl_config.num_generations = {num_generations}: "
+            "rl_config.share_prompt needs whole groups per micro-batch (change the size, or set "
+            "rl_config.share_prompt: false)"
+            for key, size in _micro_batch_sizes(config).items() if size % num_generations]
+
+
+def _packing_problems(config: GRPOConfig) -> List[str]:
+    budget, key = config.actor_config.max_tokens_per_micro_batch, "actor_config.max_tokens_per_micro_batch"
+    limit = config.generate_config.sampling_config.max_tokens
+    if budget == 0:
+        return []
+    if budget < 0:
+        return [f"{key} = {budget}: must not be negative (0: padded micro-batches)"]
+    if budget < limit:
+        return [f"{key} = {budget} is below generate_config.sampling_config.max_tokens = {limit}: a completion at "
+                f"the limit must fit one micro-batch; raise it (or 0 for padded micro-batches)"]
+    if not config.rl_config.share_prompt:
+        return [f"{key} = {budget} packs completions for the shared-prompt forward; set rl_config.share_prompt: "
+                "true (or the key to 0)"]
+    return []
+
+
+def _layout_problems(config: GRPOConfig) -> List[str]:
+    """The layouts of actor, reference and rollout engine must agree (the model's shape is checked later, by
+    check_parallel_layout, once config.json is read)."""
+    actor = config.actor_config.parallel_config
+    problems: List[str] = []
+    tensor_parallel = actor.model_parallel > 1
+    if tensor_parallel and not config.rl_config.share_prompt:
+        problems.append(f"rl_config.share_prompt: false with actor_config.parallel_config.model_parallel = "
+                        f"{actor.model_parallel}: the unshared forward is MindFormers', which does not run on "
+                        "tensor-parallel slices; set rl_config.share_prompt: true")
+    sections = [("ref_config", config.ref_config.parallel_config)]
+    backend = config.generate_config.backend
+    if backend != "vllm":  # vllm reshards to its own model_parallel (checked with the backend's settings)
+        sections.append(("generate_config", config.generate_config.parallel_config))
+    for name, layout in sections:
+        if (layout.data_parallel, layout.model_parallel, layout.pipeline_stage) == (1, 1, 1):
+            continue  # left at the default: the actor's layout is used
+        for key in ("data_parallel", "model_parallel", "pipeline_stage"):
+            if getattr(layout, key) != getattr(actor, key):
+                problems.append(f"{name}.parallel_config.{key} = {getattr(layout, key)} differs from "
+                                f"actor_config.parallel_config.{key} = {getattr(actor, key)}: the "
+                                f"{'reference model' if name == 'ref_config' else backend + ' rollout engine'} "
+                                "runs on the actor's ranks with the actor's slices; use the same value")
+    if tensor_parallel and backend == "mindformers":
+        problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (its generate() "
+                        "is MindFormers' forward); use generate_config.backend: native")
+    return problems
+
+
+def _reward_problems(config: GRPOConfig) -> List[str]:
+    rewards, problems = config.reward_config, []
+    if len(rewards.verifier_weight) != len(rewards.verifier_function):
+        problems.append(f"reward_config.verifier_weight has {len(rewards.verifier_weight)} entries but "
+                        f"reward_config.verifier_function has {len(rewards.verifier_function)}: give one weight "
+                        "per verifier")
+    if not rewards.verifier_function:
+        problems.append("reward_config.verifier_function is empty: name at least one verifier")
+    if not 0 <= rewards.verifier_timeout < float("inf"):  # also refuses NaN
+        problems.append(f"reward_config.verifier_timeout = {rewards.verifier_timeout}: must be a finite number of "
+                        "seconds >= 0 (0: no limit)")
+    if rewards.verifier_parallel < 0:
+        problems.append(f"reward_config.verifier_parallel = {rewards.verifier_parallel}: must not be negative "
+                        "(0: verifiers run in the trainer's process)")
+    if rewards.aggregation == "normalize_then_sum":
+        scale_rewards = config.rl_config.scale_rewards
+        if scale_rewards != "batch":
+            problems.append(f"reward_config.aggregation = normalize_then_sum normalises each verifier within its "
+                            f"group, then the sum over the batch (TRL, GDPO), but rl_config.scale_rewards = "
+                            f"{scale_rewards!r}: set rl_config.scale_rewards: batch")
+        if rewards.gate_accuracy_on_format:
+            problems.append("reward_config.aggregation = normalize_then_sum normalises each verifier on its own, "
+                            "and reward_config.gate_accuracy_on_format multiplies accuracy by format: choose one")
+    return problems
+
+
+def _vllm_layout_problems(config: GRPOConfig) -> List[str]:
+    """vLLM's tensor_parallel_size is generate_config.parallel_config.model_parallel; the weight sync reshards the
+    actor into it (mindgrpo.rollout.resharding), which needs it to split the heads, KV heads, MLP and vocabulary
+    as mindgrpo.models.shard_layout.TPLayout does. Needs the actor's config.json: without a readable one there is
+    nothing to check here (the path checks report a missing folder)."""
+    key = "generate_config.parallel_config.model_parallel"
+    tp = config.generate_config.parallel_config.model_parallel
+    if tp < 1:
+        return [f"{key} = {tp}: must be at least 1"]
+    if not config.actor_config.load:
+        return []
+    # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
+    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config  # noqa: PLC0415
+    from mindgrpo.models.shard_layout import LayoutError, TPLayout  # noqa: PLC0415
+
+    try:
+        hf_config = read_hf_config(config.actor_config.load)
+    except (OSError, ModelConfigError):
+        return []
+    try:
+        TPLayout.for_hf_config(hf_config, tp, 0)
+    except LayoutError as err:
+        return [f"{key} = {tp} is vLLM's tensor_parallel_size for generate_config.backend vllm, and it cannot split "
+                f"the model in {config.actor_config.load}: {err}. Choose a divisor of the attention heads that also "
+                "divides (or is a multiple of) the key/value heads and divides the MLP size and vocabulary"]
+    return []
+
+
+def _path_problems(config: GRPOConfig) -> List[str]:
+    problems: List[str] = []
+    hints = {
+        "rl_config.dataset_file": "convert your data first: python tools/rlhf_data.py --help",
+        "actor_config.load": "point it at a Hugging Face Qwen2.5 folder with config.json and *.safetensors",
+    }
+    required = {"rl_config.dataset_file", "actor_config.load"}
+    for key in path_keys("input"):
+        value = get_key(config, key)
+        if not value:
+            if key in required:
+                problems.append(f"{key} is not set: {hints[key]}")
+            continue
+        if not os.path.exists(value):
+            problems.append(f"{key} = {value}: no such file or folder" + (f"; {hints[key]}" if key in hints else ""))
+    for key in path_keys("output"):
+        value = get_key(config, key)
+        if value and not _writable(value):
+            problems.append(f"{key} = {value}: cannot create or write this folder")
+    return problems
+
+
+def _writable(path: str) -> bool:
+    probe = Path(path)
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks the trainer and the doctor run with what only a run knows
+
+def micro_batch_problems(config: GRPOConfig) -> Dict[str, str]:
+    """The update's static-shape rule: each micro-batch size (key -> problem) that does not divide a rank's
+    completions per step, so every micro-batch has the same shape (GRAPH mode compiles one graph per width). Not
+    part of :func:`validate`: the policy and the planner take any size; the trainer applies it before building
+    anything, the doctor with the nearest size that works."""
+    completions = Derived(config).completions_per_rank
+    return {key: f"{key} = {size} does not divide rl_config.batch_size x num_generations = {completions}: every "
+                 "micro-batch must have the same static shape"
+            for key, size in _micro_batch_sizes(config).items() if completions % size}
+
+
+def check_micro_batches(config: GRPOConfig) -> None:
+    """Raise ConfigError if a micro-batch size breaks :func:`micro_batch_problems`' rule."""
+    problems = micro_batch_problems(config)
+    if problems:
+        raise ConfigError("invalid micro-batch sizes:\n  - " + "\n  - ".join(problems.values()))
+
+
+def parallel_layout_dims(hf_config: Mapping) -> dict:
+    """The numbers of a Hugging Face config.json that :func:`check_parallel_layout` checks a layout against (the
+    vocabulary and MLP sizes only when present). Raises KeyError, ValueError or TypeError for a config without
+    usable head and layer counts."""
+    heads = int(hf_config["num_attention_heads"])
+    return dict(num_heads=heads, num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
+                num_layers=int(hf_config["num_hidden_layers"]),
+                vocab_size=int(hf_config["vocab_size"]) if "vocab_size" in hf_config else None,
+                intermediate_size=int(hf_config["intermediate_size"]) if "intermediate_size" in hf_config else None)
+
+
+def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_heads: int, num_kv_heads: int,
+                          num_layers: int, device_target: str, vocab_size: Optional[int] = None,
+                          intermediate_size: Optional[int] = None, key: str = "actor_config.parallel_config") -> None:
+    """Check a parallel layout against the worker count and the model shape (the same on CPU and Ascend: tensor
+    parallelism is explicit collectives, see mindgrpo.models.tensor_parallel).
+
+    ``vocab_size`` and ``intermediate_size`` are checked when given (the embedding, lm_head and MLP are split over
+    model_parallel). Raises ConfigError naming the number that is wrong.
+    """
+    dp, mp, pp = parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage
+    problems = [f"{key}.{name} = {value}: must be at least 1"
+                for name, value in (("data_parallel", dp), ("model_parallel", mp), ("pipeline_stage", pp))
+                if value < 1]
+    if not problems:
+        if dp * mp * pp != world_size:
+            problems.append(f"{key}: data_parallel ({dp}) x model_parallel ({mp}) x pipeline_stage ({pp}) = "
+                            f"{dp * mp * pp}, but {world_size} worker(s) are running: make the product equal the "
+                            "msrun --worker_num")
+        if pp > 1:
+            problems.append(f"{key}.pipeline_stage = {pp}: pipeline parallelism is not implemented; use "
+                            "model_parallel (tensor parallel) x data_parallel (see `python -m mindgrpo plan`)")
+        # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
+        from mindgrpo.models.shard_layout import TPLayout  # noqa: PLC0415
+
+        layout = TPLayout(tp=mp, rank=0, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=1,
+                          vocab_size=vocab_size or mp, intermediate_size=intermediate_size or mp)
+        problems += [f"{key}.{p}" for p in layout.problems()]
+    if problems:
+        raise ConfigError("invalid parallel layout:\n  - " + "\n  - ".join(problems))

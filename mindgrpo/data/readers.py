@@ -1,0 +1,199 @@
+"""Source readers: GSM8K jsonl, DeepScaleR json and DAPO-Math-17k parquet files as `Record`s and `RowError`s.
+
+Each reader yields one item per source row, in file order: a usable `Record` (question and gold answer) or a
+`RowError` saying why the row is skipped. Errors that make the whole file unusable raise `DataError`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Union
+
+from mindgrpo.rewards.answers import normalize_number
+
+PathLike = Union[str, os.PathLike]
+
+
+class DataError(ValueError):
+    """An input or output file cannot be used; the message names the file (and line) and what to do."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One usable source row. `line_no` is 1-based: a file line (jsonl) or an item/row index (json, parquet)."""
+    source: str
+    line_no: int
+    question: str
+    gold: str
+
+
+@dataclass(frozen=True)
+class RowError:
+    """One skipped source row; `kind` is one of SKIP_REASONS."""
+    source: str
+    line_no: int
+    kind: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.source}:{self.line_no}: {self.reason}"
+
+
+SKIP_REASONS = ("invalid_json", "missing_field", "no_answer", "too_long")
+Row = Union[Record, RowError]
+_BOXED = re.compile(r"^\\boxed\{(.*)\}$", re.S)
+
+
+def _text_fields(obj: object, keys: tuple[str, ...], source: str, line_no: int) -> Union[tuple[str, ...], RowError]:
+    """The text values of `keys` in one JSON row, or the RowError of a row that is not an object or of its first
+    field that is missing, empty or not text. Bare JSON numbers count as text: answers are sometimes written so."""
+    if not isinstance(obj, dict):
+        return RowError(source, line_no, "invalid_json", f"expected a JSON object, got {type(obj).__name__}")
+    values = []
+    for key in keys:
+        value = obj.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)
+        if not isinstance(value, str) or not value.strip():
+            what = "missing" if key not in obj else f"empty or not text ({type(value).__name__})"
+            return RowError(source, line_no, "missing_field", f"field {key!r} is {what}")
+        values.append(value)
+    return tuple(values)
+
+
+def _math_gold(answer: str) -> str:
+    """Numbers normalised like the reward does; other answers (LaTeX, expressions) kept verbatim for the verifier."""
+    answer = answer.strip()
+    boxed = _BOXED.match(answer)
+    if boxed:
+        answer = boxed.group(1).strip()
+    return normalize_number(answer) or answer
+
+
+def _utf8_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text) of a UTF-8 text file as editors save it: a leading byte-order mark (Windows
+    Notepad) is dropped, CRLF line ends and a missing final newline are fine; non-UTF-8 bytes raise DataError."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, 1):
+            try:
+                yield line_no, raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}:{line_no}: not UTF-8 text ({err.reason} at byte {err.start}); save the "
+                                "file as UTF-8") from None
+
+
+def read_gsm8k(path: PathLike) -> Iterator[Row]:
+    """GSM8K jsonl: one object per line with `question` and `answer` ending in `#### <number>`. Blank lines skipped.
+    A UTF-8 byte-order mark and CRLF line ends (files saved on Windows) are accepted."""
+    source = str(path)
+    for line_no, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as err:
+            yield RowError(source, line_no, "invalid_json", f"invalid JSON: {err.msg} (column {err.colno})")
+            continue
+        fields = _text_fields(obj, ("question", "answer"), source, line_no)
+        if isinstance(fields, RowError):
+            yield fields
+            continue
+        question, answer = fields
+        if "####" not in answer:
+            yield RowError(source, line_no, "no_answer", "answer has no '#### <number>' final answer")
+            continue
+        final = answer.rsplit("####", 1)[1].strip()
+        gold = normalize_number(final)
+        if gold is None:
+            yield RowError(source, line_no, "no_answer", f"final answer after '####' is not a number: {final!r}")
+            continue
+        yield Record(source, line_no, question, gold)
+
+
+def read_deepscaler(path: PathLike) -> Iterator[Row]:
+    """DeepScaleR json: one JSON list of objects with `problem` and `answer`; line_no is the 1-based item index."""
+    source = str(path)
+    try:
+        text = Path(path).read_bytes().decode("utf-8-sig")  # -sig: a byte-order mark from a Windows editor
+    except UnicodeDecodeError as err:
+        raise DataError(f"{source}: not UTF-8 text ({err.reason} at byte {err.start}); save it as UTF-8") from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{source}:{err.lineno}: invalid JSON ({err.msg}); a deepscaler file is one JSON list "
+                        "of {\"problem\", \"answer\"} objects") from err
+    if not isinstance(items, list):
+        raise DataError(f"{source}: expected a JSON list of {{\"problem\", \"answer\"}} objects, got "
+                        f"{type(items).__name__}; is --dataset_type right?")
+    for line_no, obj in enumerate(items, 1):
+        fields = _text_fields(obj, ("problem", "answer"), source, line_no)
+        if isinstance(fields, RowError):
+            yield fields
+            continue
+        problem, answer = fields
+        gold = _math_gold(answer)
+        if not gold:
+            yield RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
+            continue
+        yield Record(source, line_no, problem, gold)
+
+
+def read_math17k(path: PathLike) -> Iterator[Row]:
+    """DAPO-Math-17k parquet: the user turn of `prompt` (a list of {role, content}) and `reward_model.ground_truth`.
+
+    line_no is the 1-based parquet row. The question is the user content verbatim (DAPO already wraps the
+    problem in its instructions), so pair it with the `chatml` template.
+    """
+    import pyarrow.parquet as pq  # lazy: only this reader needs pyarrow
+
+    source = str(path)
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises ArrowInvalid/OSError variants
+        raise DataError(f"{source}: cannot read as parquet ({err}); is --dataset_type right?") from err
+    missing = [c for c in ("prompt", "reward_model") if c not in table.column_names]
+    if missing:
+        raise DataError(f"{source}: parquet has no column(s) {missing} (columns: {table.column_names}); "
+                        "a math17k file needs 'prompt' and 'reward_model' as in DAPO-Math-17k")
+    prompts = table.column("prompt").to_pylist()
+    rewards = table.column("reward_model").to_pylist()
+    for line_no, (prompt, reward) in enumerate(zip(prompts, rewards), 1):
+        users = [m.get("content") for m in prompt or [] if isinstance(m, dict) and m.get("role") == "user"]
+        if not users or not isinstance(users[0], str) or not users[0].strip():
+            yield RowError(source, line_no, "missing_field", "field 'prompt' has no user message with content")
+            continue
+        truth = reward.get("ground_truth") if isinstance(reward, dict) else None
+        if truth is None or not str(truth).strip():
+            yield RowError(source, line_no, "missing_field", "field 'reward_model.ground_truth' is missing or empty")
+            continue
+        yield Record(source, line_no, users[0], _math_gold(str(truth)))
+
+
+READERS: dict[str, Callable[[PathLike], Iterator[Row]]] = {
+    "gsm8k": read_gsm8k, "deepscaler": read_deepscaler, "math17k": read_math17k}
+
+
+def read_dataset(path: PathLike, dataset_type: str) -> Iterator[Row]:
+    """Records and row errors of a source file, in file order."""
+    if dataset_type not in READERS:
+        raise ValueError(f"unknown dataset_type {dataset_type!r}; choose one of {', '.join(READERS)}")
+    if not Path(path).is_file():
+        raise DataError(f"input file {path} does not exist (--file_path)")
+    return READERS[dataset_type](path)
+
+
+def count_rows(path: PathLike, dataset_type: str) -> Optional[int]:
+    """Cheap row count for the progress bar (None when it would mean parsing the file twice)."""
+    if dataset_type == "gsm8k":
+        with open(path, "rb") as f:
+            return sum(1 for line in f if line.strip())
+    if dataset_type == "math17k":
+        import pyarrow.parquet as pq
+        try:
+            return pq.ParquetFile(path).metadata.num_rows
+        except Exception:  # the reader reports unreadable files with a proper message
+            return None
+    return None

@@ -1,0 +1,305 @@
+"""``ModelWorker``: the MindSpore side of a GRPO step on one rank (verl calls it ``ActorRolloutRefWorker``).
+
+It holds the actor, the reference model, the rollout engine and the optimizer, and runs the compiled graphs of
+:mod:`mindgrpo.train.step_graphs` on them. The trainer hands it numpy batches (:class:`RolloutBatch`) and gets
+numpy results and float metrics back, so the orchestration in :mod:`mindgrpo.train.trainer` reads as plain Python:
+
+* ``generate``: ``num_generations`` completions per prompt from the rollout engine; ``sync_weights`` after an update;
+* ``reference_logprobs`` / ``actor_logprobs``: per-token log-probs of the completions (KL term, old policy);
+* ``update``: ``num_iterations`` optimizer steps, each accumulating the gradients of the micro-batches (padded,
+  or packed rows: :mod:`mindgrpo.train.packing`), reducing them over ranks, clipping by the global norm, AdamW;
+* ``export`` / ``load_weights`` / ``save_optimizer_shard`` / ``load_optimizer``: what a checkpoint holds.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, Optional, Sequence
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import ParameterTuple, Tensor, nn
+
+from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, step_row_weights
+from mindgrpo.config import Derived, GRPOConfig
+from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
+from mindgrpo.models.export import export_hf_arrays
+from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.models.weights import host_array
+from mindgrpo.rollout import SamplingParams, build_rollout_engine
+from mindgrpo.train import checkpoint as ckpt
+from mindgrpo.train.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
+from mindgrpo.train.optim import AdamW, learning_rate_at
+from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
+from mindgrpo.train.packing import MicroBatch, micro_batches
+from mindgrpo.train.rollout_batch import RolloutBatch
+from mindgrpo.train.step_graphs import (AccumulateGradients, ApplyGradients, CompletionLogProbs, GRPOLossCell,
+                                        PackedLossCell, ReduceAndClip, completion_forward)
+
+
+class ModelWorker:
+    """One rank's models and what runs on them: the actor (trained), the reference (frozen, for the KL term), the
+    rollout engine on the actor's weights, and the optimizer (verl's ``ActorRolloutRefWorker``)."""
+
+    def __init__(self, config: GRPOConfig, dist: DistInfo, *, eos_token_id: int, pad_token_id: int):
+        rl, actor_cfg = config.rl_config, config.actor_config
+        sampling = config.generate_config.sampling_config
+        self.config, self.dist = config, dist
+        # Under tensor parallelism each model is this rank's slices, read straight from the HF folder.
+        tp = dict(tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
+        self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
+                                 seq_length=rl.seq_length, **tp)
+        self.hf_config = self.actor.hf_config
+        self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
+                                      seq_length=rl.seq_length, **tp) if rl.beta > 0 else None)
+        self.engine = build_rollout_engine(
+            config.generate_config.backend, self.actor, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
+            max_prompt_length=rl.max_prompt_length, max_batch_size=config.generate_config.infer_model_batch_size,
+            **rollout_options(config))
+        self.sampling = sampling
+        self.params = self.actor.trainable_params()
+        self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
+        hf_name_of = {id(param): name for name, param in self._hf_params.items()}
+        self.param_names = [hf_name_of[id(param)] for param in self.params]
+        self.layout = getattr(self.actor, "tp_layout", None) or TPLayout.for_hf_config(self.hf_config, 1, 0)
+        self.full_shapes = getattr(self.actor, "full_shapes", None) or {
+            name: tuple(param.shape) for name, param in self._hf_params.items()}
+        self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
+                               optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
+        self.settings = LossSettings(
+            loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
+            kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
+            max_completion_length=sampling.max_tokens, impl=rl.loss_impl)
+        derived = Derived(config)
+        self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
+        actor_forward = completion_forward(self.actor, config, backward=True)
+        on_policy = rl.num_iterations == 1
+        loss_cell = (PackedLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy)
+                     if self.pack_rows else
+                     GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
+                                  grad_accum_steps=derived.grad_accum_steps, dp_size=dist.dp_size))
+        accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
+        self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
+        self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist,
+                                              self.layout if dist.tp_size > 1 else None, self.param_names)
+        self._apply = ApplyGradients(accumulators, self.optimizer)
+        self._accumulators = accumulators
+        # old-logprob scoring has no backward: the training forward serves unless it is marked for recompute
+        scoring_forward = completion_forward(self.actor, config) if actor_cfg.recompute else actor_forward
+        self._actor_logprobs = CompletionLogProbs(scoring_forward, sampling.temperature)
+        self._ref_logprobs = (CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
+                              if self.reference is not None else None)
+
+    # ------------------------------------------------------------------------------------------------------------
+    def generate(self, prompts: Sequence[np.ndarray], *, seed: int):
+        s = self.sampling
+        params = SamplingParams(max_tokens=s.max_tokens, min_tokens=s.min_tokens, temperature=s.temperature,
+                                top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty, seed=seed,
+                                num_generations=self.config.rl_config.num_generations)
+        return self.engine.generate([list(map(int, p)) for p in prompts], params)
+
+    def advantages(self, rewards: np.ndarray):
+        rl = self.config.rl_config
+        advantages, zero_std_groups = group_advantages(rewards, rl.num_generations, scale_rewards=rl.scale_rewards)
+        return advantages.asnumpy(), int(zero_std_groups)
+
+    def sync_weights(self) -> None:
+        self.engine.sync_weights()
+
+    def export(self, out_dir: Path) -> None:
+        """The actor as a Hugging Face folder (the checkpoint manager hands us a fresh, empty folder). Under tensor
+        parallelism each tensor is gathered from the ranks' slices as it is written, one at a time; the other
+        ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile."""
+        if self.dist.tp_size == 1:
+            export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
+                      overwrite=True)
+            return
+        export_hf_arrays(out_dir, self.full_shapes, self._gather_full, hf_config=self.hf_config,
+                         tokenizer_dir=self.config.tokenizer_dir, overwrite=True)
+
+    def serve_export(self) -> None:
+        """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same (``full_shapes``) order."""
+        for name in self.full_shapes:
+            self._gather_full(name)
+
+    def _gather_full(self, hf_name: str) -> np.ndarray:
+        """One full tensor from this tensor-parallel group's slices (every rank of the group must call it)."""
+        pieces = all_gather(host_array(self._hf_params[hf_name]), self.dist, over=TP)
+        return self.layout.assemble(hf_name, list(pieces), self.full_shapes[hf_name])
+
+    def load_weights(self, model_dir: Path) -> None:
+        load_hf_weights(self.actor, model_dir)
+        self.sync_weights()
+
+    def save_optimizer_shard(self, folder: Path) -> None:
+        """This rank's AdamW moments (keyed by HF name; under ZeRO-1 only the parameters it owns) as
+        ``rank_<rank>.safetensors``, and, from rank 0, the layout they were written under. Every rank writes one,
+        so a checkpoint can be resharded to any layout (without ZeRO-1 data-parallel ranks write copies)."""
+        ckpt.save_arrays(folder / f"rank_{self.dist.rank:05d}.safetensors", self.optimizer.state_arrays(),
+                         metadata=rank_metadata(tp_rank=self.dist.tp_rank, dp_rank=self.dist.dp_rank))
+        if self.dist.is_main:
+            ckpt.save_json(folder / "layout.json", layout_record(tp=self.dist.tp_size, dp=self.dist.dp_size,
+                                                                 optimizer_shard=self.optimizer.sharded))
+
+    def load_optimizer(self, folder: Path) -> None:
+        """This rank's moments from a checkpoint's ``optimizer/`` folder, resharded from the layout it was written
+        under (tensor-parallel degree, data-parallel size, ZeRO-1 or not) to this one."""
+        files = sorted(folder.glob("rank_*.safetensors"))
+        state = load_resharded(files, ckpt.load_json(folder / "layout.json"), self.layout,
+                               self.optimizer.owned_names, self.full_shapes)
+        self.optimizer.load_state_arrays(state)
+
+    def compiled_graphs(self) -> int:
+        """Graphs MindSpore has compiled for this worker so far (its per-Cell compile caches and the engine's)."""
+        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs)
+        engine = getattr(self.engine, "compiled_graphs", lambda: 0)()
+        return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
+
+    def precompile(self, rollouts: RolloutBatch) -> None:
+        """Compile the training graphs for a batch shaped like ``rollouts`` (dummy tokens): the
+        reference (and old) log-probs and one accumulated micro-batch, whose gradients are then dropped. Weights
+        and optimizer state are untouched. Every micro-batch of a prompt width has one shape, padded or packed."""
+        if self._ref_logprobs is not None:
+            self.reference_logprobs(rollouts)
+        if self.config.rl_config.num_iterations > 1:
+            self.actor_logprobs(rollouts)
+        zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
+        inputs, _ = next(self._loss_inputs(rollouts, zeros[:, 0], zeros, zeros, global_tokens=1.0))
+        self._accumulate(*inputs)
+        self._drop_gradients()
+
+    def _drop_gradients(self) -> None:
+        """Zero the accumulated gradients (after precompiling, or for a skipped, non-finite update). Done from
+        the host: it is rare, and a compiled graph for it would keep its memory for the whole run."""
+        for accumulator in self._accumulators:
+            accumulator.set_data(Tensor(np.zeros(accumulator.shape, np.float32), accumulator.dtype))
+
+    # ------------------------------------------------------------------------------------------------------------
+    def reference_logprobs(self, rollouts: RolloutBatch) -> np.ndarray:
+        return self._score(self._ref_logprobs, rollouts, self.config.ref_config.ref_model_batch_size)
+
+    def actor_logprobs(self, rollouts: RolloutBatch) -> np.ndarray:
+        return self._score(self._actor_logprobs, rollouts, self.config.ref_config.ref_model_batch_size)
+
+    def _score(self, cell: nn.Cell, rollouts: RolloutBatch, chunk: int) -> np.ndarray:
+        if self.pack_rows:  # log-probs of the packed rows, put back in place (0 on padding)
+            out = np.zeros(rollouts.completion_mask.shape, np.float32)
+            for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
+                logp, _ = cell(*self._packed_inputs(rollouts, batch))
+                loss_rows, tokens = np.nonzero(batch.mask)
+                out[batch.completions[loss_rows], tokens] = logp.asnumpy().reshape(-1)[batch.unpack[loss_rows, tokens]]
+            return out
+        out = []
+        for start in range(0, len(rollouts.completion_ids), chunk):
+            logp, _ = cell(*self._model_inputs(rollouts, start, chunk))
+            out.append(logp.asnumpy())
+        return np.concatenate(out)
+
+    def _model_inputs(self, rollouts: RolloutBatch, start: int, count: int):
+        """The forward's three inputs for completions [start, start + count): shared, their prompts
+        ``[count / num_generations, P]`` once each; unshared, ``[prompt | completion]`` rows."""
+        num_generations = self.config.rl_config.num_generations
+        rows = slice(start, start + count)
+        if self.config.rl_config.share_prompt:
+            prompts = slice(start // num_generations, (start + count) // num_generations)
+            prompt, mask = rollouts.prompt_ids[prompts], rollouts.prompt_mask[prompts]
+        else:
+            of_row = np.arange(len(rollouts.completion_ids))[rows] // num_generations
+            prompt = np.concatenate([rollouts.prompt_ids[of_row], rollouts.completion_ids[rows]], 1)
+            mask = np.concatenate([rollouts.prompt_mask[of_row], rollouts.completion_mask[rows]], 1)
+        return Tensor(prompt), Tensor(mask), Tensor(rollouts.completion_ids[rows])
+
+    @staticmethod
+    def _packed_inputs(rollouts: RolloutBatch, batch: MicroBatch):
+        """The packed forward's seven inputs for one micro-batch (see mindgrpo.train.packing.MicroBatch)."""
+        return (Tensor(rollouts.prompt_ids[batch.prompts]), Tensor(rollouts.prompt_mask[batch.prompts]),
+                Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments), Tensor(batch.row_prompt),
+                Tensor(batch.source))
+
+    def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray, *,
+                     global_tokens: float):
+        """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
+        on all ranks (dapo's normaliser)."""
+        micro = self.config.actor_config.micro_batch_size
+        if self.pack_rows:
+            weights = step_row_weights(self.settings, rollouts.completion_mask.sum(1), micro,
+                                       dp_size=self.dist.dp_size, num_items_in_batch=global_tokens)
+            for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
+                rows = batch.completions
+                yield ((*self._packed_inputs(rollouts, batch), Tensor(batch.unpack), Tensor(batch.mask),
+                        Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(weights[rows])),
+                       int(batch.mask.sum()))
+            return
+        num_items = Tensor(max(1.0, global_tokens), ms.float32)
+        for start in range(0, len(rollouts.completion_ids), micro):
+            rows = slice(start, start + micro)
+            yield ((*self._model_inputs(rollouts, start, micro), Tensor(rollouts.completion_mask[rows]),
+                    Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), num_items),
+                   int(rollouts.completion_mask[rows].sum()))
+
+    def update(self, rollouts: RolloutBatch, advantages: np.ndarray, old_logp: Optional[np.ndarray],
+               ref_logp: Optional[np.ndarray], *, total_steps: int) -> Dict[str, float]:
+        """``num_iterations`` optimizer steps over this rank's rollouts; returns metrics averaged over them:
+        ``actor/loss`` is an optimizer step's loss (the sum of its micro-batches'), the other ``actor/`` metrics
+        token means over the step, whatever its micro-batches are."""
+        rl = self.config.rl_config
+        zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
+        old = old_logp if old_logp is not None else zeros  # ignored on-policy: the cell uses detached logp
+        ref = ref_logp if ref_logp is not None else zeros  # ignored when beta = 0
+        # dapo normalises by the active tokens of the whole optimizer step on all ranks (see mindgrpo.algorithm.loss).
+        global_tokens = all_reduce_sum(np.array([rollouts.completion_mask.sum()]), self.dist)[0]
+        step_tokens = max(1.0, float(rollouts.completion_mask.sum()))
+        totals: Dict[str, float] = {}
+        skipped = 0
+        for _ in range(rl.num_iterations):
+            sums: Dict[str, float] = {}
+            # No collective runs per micro-batch (only tensor-parallel ones, within identical ranks), so
+            # data-parallel ranks may take different numbers of packed micro-batches.
+            for inputs, tokens in self._loss_inputs(rollouts, advantages.astype(np.float32), old, ref,
+                                                    global_tokens=global_tokens):
+                loss, metrics, entropy = self._accumulate(*inputs)
+                named = dict(zip(METRIC_KEYS, metrics.asnumpy().tolist()))
+                sums["actor/loss"] = sums.get("actor/loss", 0.0) + float(loss)
+                for key, value in {"actor/entropy": float(entropy), **named}.items():
+                    sums[key] = sums.get(key, 0.0) + value * tokens / step_tokens
+            norm = float(self._reduce_and_clip())
+            lr = learning_rate_at(self.config.actor_config.lr_schedule, self.optimizer.step_count,
+                                  total_steps * rl.num_iterations)
+            # Every rank must take the same branch: the norm is already global; the loss flag is made global.
+            local_bad = not all(np.isfinite(v) for v in sums.values())
+            if np.isfinite(norm) and not all_reduce_sum(np.array([float(local_bad)]), self.dist, over=WORLD)[0]:
+                self._apply(*self.optimizer.hyper_tensors(lr))
+            else:
+                self._drop_gradients()
+                skipped += 1  # keep the last good weights; the trainer counts and eventually stops
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + value
+            totals["grad_norm"] = totals.get("grad_norm", 0.0) + norm
+            totals["grpo/lr"] = lr
+        out = {k: v / rl.num_iterations if k != "grpo/lr" else v for k, v in totals.items()}
+        reduced = all_reduce_sum(np.array(list(out.values())), self.dist) / self.dist.dp_size
+        out = dict(zip(out, map(float, reduced)))
+        out["skipped"] = float(skipped > 0)
+        out["grpo/skipped_updates"] = float(skipped)
+        return out
+
+
+def rollout_options(config: GRPOConfig) -> dict:
+    """Backend-specific engine settings from the config."""
+    gen = config.generate_config
+    if gen.backend == "vllm":
+        return {"model_dir": gen.load or config.actor_config.load,
+                "max_model_len": gen.max_model_len or config.rl_config.seq_length,
+                "gpu_memory_utilization": gen.gpu_memory_utilization, "block_size": gen.block_size,
+                "tensor_parallel_size": gen.parallel_config.model_parallel,
+                "max_tokens": gen.sampling_config.max_tokens, "dtype": config.actor_config.compute_dtype,
+                "seed": config.rl_config.seed}
+    if gen.backend == "native":
+        return {"prompt_length_buckets": Derived(config).prompt_widths, "decode_impl": gen.decode_impl}
+    return {}
+
+
+# grpo_loss's metric vector (mindgrpo.algorithm.METRICS) under the seeds' metric names.
+METRIC_KEYS = tuple({"pg_loss": "actor/pg_loss", "kl": "actor/kl_loss", "clipfrac": "actor/pg_clipfrac",
+                     "clipfrac_low": "actor/pg_clipfrac_low", "clipfrac_high": "actor/pg_clipfrac_high",
+                     "ppo_kl": "actor/ppo_kl"}[name] for name in METRICS)

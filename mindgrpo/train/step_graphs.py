@@ -1,0 +1,231 @@
+"""The compiled pieces of a GRPO step, as MindSpore Cells: forwards, log-probs, the loss, and the gradient update.
+
+:class:`mindgrpo.train.model_worker.ModelWorker` builds them once per run and feeds them numpy batches; each
+compiles once per input shape in GRAPH mode.
+
+* ``completion_forward`` picks the forward over ``[prompt | completion]`` rows (shared prompt, unshared or packed),
+  which projects only the completion positions to the vocabulary (logits are the largest tensor: Qwen2.5's
+  vocabulary is 151,936); ``CompletionLogProbs`` turns its logits into per-token log-probs and entropies;
+* ``GRPOLossCell``: log-probs, then :func:`mindgrpo.algorithm.grpo_loss` (fused kernel or plain ops); with
+  ``actor_config.max_tokens_per_micro_batch`` the forwards take packed rows instead (``PackedLossCell``,
+  :mod:`mindgrpo.train.packing`);
+* ``AccumulateGradients`` (forward + backward of a micro-batch), ``ReduceAndClip`` (data-parallel average,
+  tensor-parallel sums, global-norm clipping) and ``ApplyGradients`` (one AdamW step).
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import mindspore as ms
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+from mindgrpo.algorithm import LossSettings, grpo_loss, token_entropy, token_logprobs
+from mindgrpo.config import GRPOConfig
+from mindgrpo.models import PackedPromptForward, SharedPromptForward
+from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
+from mindgrpo.train.distributed import DistInfo
+from mindgrpo.train.optim import AdamW, clip_to_norm, squared_norm
+
+
+class UnsharedForward(nn.Cell):
+    """MindFormers' forward over ``[prompt | completion]`` rows -> logits of the completion positions only."""
+
+    def __init__(self, model: nn.Cell):
+        super().__init__(auto_prefix=False)
+        self.model = model
+
+    def construct(self, input_ids, attention_mask, completion_ids):
+        hidden = self.model(input_ids, attention_mask)
+        seq, width = input_ids.shape[1], completion_ids.shape[1]
+        # The hidden state at position i predicts token i + 1: the completion is predicted from seq-width-1 on.
+        return self.model.logits(hidden[:, seq - width - 1: seq - 1])
+
+
+class CompletionLogProbs(nn.Cell):
+    """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
+    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group), :class:`UnsharedForward` or
+    :class:`~mindgrpo.models.PackedPromptForward` (packed rows). The forward's third input holds the tokens.
+
+    Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
+    the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.models.tensor_parallel`), so
+    no rank ever holds [tokens, vocab]."""
+
+    def __init__(self, forward: nn.Cell, temperature: float):
+        super().__init__(auto_prefix=False)
+        self.forward, self.temperature = forward, temperature
+        comm = getattr(forward, "comm", None)
+        self.tensor_parallel = comm is not None and comm.size > 1
+        self.vocab_start = getattr(forward, "vocab_start", 0)
+
+    def construct(self, *inputs):
+        logits = self.forward(*inputs)
+        completion_ids = inputs[2]
+        if not self.tensor_parallel:
+            return (token_logprobs(logits, completion_ids, self.temperature),
+                    token_entropy(logits, self.temperature))
+        rows = logits.reshape((-1, logits.shape[-1]))
+        if self.temperature != 1.0:
+            rows = rows * (1.0 / self.temperature)
+        comm, ids = self.forward.comm, completion_ids.reshape((-1,)).astype(ms.int32)
+        return (parallel_token_logprobs(comm, rows, ids, self.vocab_start).reshape(completion_ids.shape),
+                parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
+
+
+def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = False) -> nn.Cell:
+    """The forward ``rl_config.share_prompt`` selects for ``model``. ``backward``: it is the actor's training
+    forward, so ``actor_config.recompute`` applies (scoring without a backward never recomputes)."""
+    rl = config.rl_config
+    recompute = backward and config.actor_config.recompute
+    if config.actor_config.max_tokens_per_micro_batch:
+        return PackedPromptForward(model, rl.seq_length, recompute=recompute)
+    if not rl.share_prompt:
+        return UnsharedForward(model)
+    return SharedPromptForward(model, rl.num_generations, rl.seq_length, recompute=recompute)
+
+
+class GRPOLossCell(nn.Cell):
+    """Scalar GRPO loss of one micro-batch plus its metrics (differentiated with respect to the actor)."""
+
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool,
+                 grad_accum_steps: int, dp_size: int):
+        super().__init__(auto_prefix=False)
+        self.logprobs = CompletionLogProbs(forward, temperature)
+        self.settings, self.on_policy = settings, on_policy
+        self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
+
+    def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
+                  num_items):
+        logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
+        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=num_items)
+
+    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=None, row_weights=None):
+        mask = completion_mask.astype(logp.dtype)
+        # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
+        loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
+                                  ref_logp if self.settings.beta > 0 else None, advantages, mask, cfg=self.settings,
+                                  num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
+                                  dp_size=self.dp_size, row_weights=row_weights)
+        mean_entropy = (entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0)
+        return loss, metrics, mean_entropy
+
+
+class PackedLossCell(GRPOLossCell):
+    """:class:`GRPOLossCell` of a packed micro-batch (:class:`mindgrpo.train.packing.MicroBatch`): the log-probs of its
+    rows are gathered into its completions' loss rows ``[C, W]`` (``unpack``), so the loss is per completion as in
+    the padded path, and each completion weighs in with its weight in the step's loss (``step_row_weights``)."""
+
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool):
+        super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
+
+    def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
+                  completion_mask, advantages, old_logp, ref_logp, row_weights):
+        logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source)
+        return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
+                          completion_mask, advantages, old_logp, ref_logp, row_weights=row_weights)
+
+
+class AccumulateGradients(nn.Cell):
+    """Forward + backward of one micro-batch, adding the gradients into accumulator Parameters.
+
+    Keeping the sum in Parameters (instead of returning a tuple of gradients) means no tuple of tensors crosses
+    the graph boundary, so GRAPH mode compiles this once per input shape and never again.
+    """
+
+    def __init__(self, loss_cell: nn.Cell, params, accumulators: ParameterTuple):
+        super().__init__(auto_prefix=False)
+        self.grad_fn = ms.value_and_grad(loss_cell, None, ParameterTuple(params), has_aux=True)
+        self.accumulators = accumulators
+
+    def construct(self, *inputs):
+        (loss, metrics, entropy), grads = self.grad_fn(*inputs)
+        for i in range(len(self.accumulators)):
+            ops.assign_add(self.accumulators[i], grads[i])
+        return loss, metrics, entropy
+
+
+class ReduceAndClip(nn.Cell):
+    """Turn each rank's accumulated gradients into its slice of the whole model's gradient, clip them in place by
+    the global norm, and return that norm.
+
+    * Data parallel: the ranks of a DP group hold the same slice and saw different prompts, so the gradients are
+      averaged over the DP group (not the world: with tensor parallelism the world's ranks hold different slices).
+    * Tensor parallel: a KV head replicated on several TP ranks received, on each, only the gradient flowing
+      through that rank's query heads, so those parts are summed (each rank writes its KV head's slot of a zero
+      buffer; an AllReduce-SUM over the TP group fills every slot; each rank reads its own back).
+    * The norm adds the ranks' squared norms over the TP group, each tensor divided by the number of ranks holding
+      an identical copy (``TPLayout.gradient_owners``), so every parameter of the model counts once. After the DP
+      average the DP ranks hold identical gradients and add nothing.
+
+    Every collective is an AllReduce-SUM, the one CPU runs on sub-groups, and each waits for the previous one so
+    that all ranks issue them in the same order. ``layout`` is None without tensor parallelism; ``hf_names`` are
+    the Hugging Face names of the accumulators' parameters, in order (needed with a layout).
+    """
+
+    def __init__(self, accumulators: ParameterTuple, max_norm: float, dist: DistInfo,
+                 layout: Optional[TPLayout] = None, hf_names: Sequence[str] = ()):
+        super().__init__(auto_prefix=False)
+        self.accumulators, self.max_norm = accumulators, max_norm
+        tp, tp_rank = (layout.tp, layout.rank) if layout is not None else (1, 0)
+        if (tp, tp_rank) != (dist.tp_size, dist.tp_rank):
+            raise ValueError(f"the tensor-parallel layout is rank {tp_rank} of {tp}, but this process is rank "
+                             f"{dist.tp_rank} of {dist.tp_size}")
+        if tp > 1 and len(hf_names) != len(accumulators):
+            raise ValueError(f"{len(hf_names)} Hugging Face names for {len(accumulators)} gradient accumulators")
+        self.dp_sum = ops.AllReduce(group=dist.dp_group) if dist.dp_size > 1 else None
+        self.dp_scale = Tensor(1.0 / dist.dp_size, ms.float32)
+        self.tp_sum = ops.AllReduce(group=dist.tp_group) if tp > 1 else None
+        self.copies = tuple(layout.gradient_owners(name) for name in hf_names) if tp > 1 else None
+        self.shared_kv = (tuple(layout.is_replicated_kv(name) for name in hf_names) if tp > 1
+                          else (False,) * len(accumulators))
+        # Ranks r with equal r // kv_replicas hold the same KV head.
+        replicas = layout.kv_replicas if layout is not None else 1
+        self.kv_groups, self.kv_slot = tp // replicas, tp_rank // replicas
+
+    def construct(self):
+        previous = self.dp_scale  # the last collective's output: the next one waits for it
+        grads = ()
+        for i in range(len(self.accumulators)):
+            grad = self.accumulators[i]
+            if self.shared_kv[i]:
+                grad = self._sum_kv_replicas(ops.depend(grad, previous))
+                previous = grad
+            if self.dp_sum is not None:
+                grad = self.dp_sum(ops.depend(grad, previous))
+                previous = grad
+                grad = grad * self.dp_scale.astype(grad.dtype)
+            grads += (grad,)
+        squares = squared_norm(grads, self.copies)
+        if self.tp_sum is not None:
+            squares = self.tp_sum(ops.depend(squares, previous))
+        norm = ops.sqrt(squares)
+        grads = clip_to_norm(grads, norm, self.max_norm)
+        for i in range(len(self.accumulators)):
+            ops.assign(self.accumulators[i], grads[i])
+        return norm
+
+    def _sum_kv_replicas(self, grad):
+        if self.kv_groups == 1:
+            return self.tp_sum(grad)
+        parts = ()
+        if self.kv_slot > 0:
+            parts += (ops.zeros((self.kv_slot,) + grad.shape, grad.dtype),)
+        parts += (grad.expand_dims(0),)
+        if self.kv_slot < self.kv_groups - 1:
+            parts += (ops.zeros((self.kv_groups - 1 - self.kv_slot,) + grad.shape, grad.dtype),)
+        return self.tp_sum(ops.concat(parts))[self.kv_slot]
+
+
+class ApplyGradients(nn.Cell):
+    """One AdamW step with the accumulated gradients, then reset the accumulators."""
+
+    def __init__(self, accumulators: ParameterTuple, optimizer: AdamW):
+        super().__init__(auto_prefix=False)
+        self.accumulators, self.optimizer = accumulators, optimizer
+
+    def construct(self, step_size, eps, decay):
+        """Scalars from :meth:`AdamW.hyper_tensors`."""
+        step_size = self.optimizer(tuple(self.accumulators), step_size, eps, decay)
+        for i in range(len(self.accumulators)):
+            ops.assign(self.accumulators[i], ops.depend(ops.zeros_like(self.accumulators[i]), step_size))
+        return step_size
