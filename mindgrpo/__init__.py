@@ -4,29 +4,21 @@
 MindFormers models) load on first use, so ``import mindgrpo`` stays quick and quiet.
 """
 from mindgrpo import _env
+from mindgrpo._lazy import lazy_attributes
 
 _env.configure()
 
 __version__ = "0.1.0"
 
 _LAZY = {
-    "GRPOConfig": ("mindgrpo.config", "GRPOConfig"),
-    "load_config": ("mindgrpo.config", "load_config"),
-    "GRPOTrainer": ("mindgrpo.train.trainer", "GRPOTrainer"),
-    "RewardScorer": ("mindgrpo.rewards.scorer", "RewardScorer"),
-    "MetricsLogger": ("mindgrpo.train.metrics", "MetricsLogger"),
-    "read_metrics": ("mindgrpo.train.metrics", "read_metrics"),
-    "evaluate": ("mindgrpo.apps.evaluation", "evaluate"),
+    "GRPOConfig": "mindgrpo.config",
+    "load_config": "mindgrpo.config",
+    "GRPOTrainer": "mindgrpo.train.trainer",
+    "RewardScorer": "mindgrpo.rewards.scorer",
+    "MetricsLogger": "mindgrpo.train.metrics",
+    "read_metrics": "mindgrpo.train.metrics",
+    "evaluate": "mindgrpo.apps.evaluation",
 }
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        module, attr = _LAZY[name]
-        value = getattr(importlib.import_module(module), attr)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mindgrpo' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

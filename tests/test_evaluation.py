@@ -313,7 +313,8 @@ def test_demo_greedy_accuracy_matches_the_demos_own_measurement(tmp_path):
 
 
 def test_import_stays_light():
-    """Scoring needs no MindSpore: importing mindgrpo.apps.evaluation must not load it (it loads with the first model)."""
+    """Scoring needs no MindSpore: importing mindgrpo.apps.evaluation must not load it (it loads with the first
+    model)."""
     code = ("import sys, mindgrpo, mindgrpo.apps.evaluation; "
             "print('mindspore' in sys.modules, mindgrpo.evaluate is mindgrpo.apps.evaluation.evaluate)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)

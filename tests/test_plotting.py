@@ -1,4 +1,5 @@
-"""tools/plot_metrics.py and mindgrpo.apps.plotting: PNGs from a real trainer run, overlays, gaps, bad lines, smoothing."""
+"""tools/plot_metrics.py and mindgrpo.apps.plotting: PNGs from a real trainer run, overlays, gaps, bad lines,
+smoothing."""
 import json
 import math
 import os
@@ -200,7 +201,8 @@ def test_smoothing():
 
 
 def test_matplotlib_is_optional_and_loaded_lazily(tmp_path, monkeypatch):
-    done = subprocess.run([sys.executable, "-c", "import sys, mindgrpo.apps.plotting; print('matplotlib' in sys.modules)"],
+    code = "import sys, mindgrpo.apps.plotting; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code],
                           capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.stdout.strip() == "False", done.stdout + done.stderr
     run = write_run(tmp_path / "run", 3)

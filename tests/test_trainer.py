@@ -1,5 +1,6 @@
 """GRPOTrainer end to end on the tiny fixture: metrics, checkpoints, refused layouts, precompile (padded and packed
-micro-batches) and skipped updates. Exact resume after SIGKILL and msrun data parallel are in tests/test_faults.py (on a locally made model)."""
+micro-batches) and skipped updates. Exact resume after SIGKILL and msrun data parallel are in tests/test_faults.py
+(on a locally made model)."""
 import json
 from pathlib import Path
 

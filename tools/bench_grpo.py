@@ -9,7 +9,8 @@ The optimizer step is TRL's (one per 32 completions, loss normalised over all of
 packed forwards (`actor_config.max_tokens_per_micro_batch`, `--packed-rows`): the completions end to end without
 their padding, in rows of `--max-new-tokens` tokens, 8 rows (at most 4,096 tokens) per forward, so the number of
 forwards follows the tokens sampled and their memory stays level as the limit grows. `--packed-rows 0` gives
-padded micro-batches of `--micro-batch` completions (16: two groups) instead. Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
+padded micro-batches of `--micro-batch` completions (16: two groups) instead. Models: the tiny fixture
+(../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
 8 heads, 2 KV heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2.
 
 Length mix (`--length-mix`, see tools/length_mix.py). Both frameworks load the same untied copy of the model whose

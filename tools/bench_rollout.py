@@ -367,7 +367,8 @@ def main() -> int:
                     print(f"  {name} decoding against its limits: {r['decode_graph_s']} s in the decode graphs; "
                           f"reading the weights and live KV cache once per step at the copy bandwidth "
                           f"({r['copy_bandwidth_gb_s']} GB/s) takes {r['decode_memory_bound_s']} s "
-                          f"({r['decode_of_memory_bound']:.0%} of the bound; KV cache {r['decode_kv_share_of_bytes']:.0%} "
+                          f"({r['decode_of_memory_bound']:.0%} of the bound; "
+                          f"KV cache {r['decode_kv_share_of_bytes']:.0%} "
                           f"of the bytes), model FLOP utilisation {r['decode_mfu']:.0%} of "
                           f"{r['matmul_peak_gflops']} GFLOP/s")
             for other, target in (("hf", TARGET_NATIVE_OVER_HF), ("native-plain", None), ("mindformers", None)):
@@ -379,7 +380,8 @@ def main() -> int:
             baseline = results.get("native-nocompact")
             if native and baseline:
                 print(f"  native / native-nocompact (same tokens): rollout time "
-                      f"{native['seconds'] / baseline['seconds']:.2f}x, decode columns {native['decode_columns'] / baseline['decode_columns']:.2f}x, tokens/s "
+                      f"{native['seconds'] / baseline['seconds']:.2f}x, decode columns "
+                      f"{native['decode_columns'] / baseline['decode_columns']:.2f}x, tokens/s "
                       f"{native['tokens_per_s'] / baseline['tokens_per_s']:.2f}x")
     return 1 if failed else 0
 

@@ -3,7 +3,7 @@
 ``registry`` names every variant the config accepts. The other modules load MindSpore, so this package imports them
 on first use: ``from mindgrpo.algorithm.registry import ...`` (what the config does) stays free of MindSpore.
 """
-import importlib
+from mindgrpo._lazy import lazy_attributes
 
 _LAZY = {
     "group_advantages": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
@@ -14,10 +14,4 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"mindgrpo.algorithm.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mindgrpo.algorithm' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {name: f"mindgrpo.algorithm.{module}" for name, module in _LAZY.items()})

@@ -382,8 +382,9 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     if template is not None and template not in PROMPT_TEMPLATES:
         raise EvaluationError(f"unknown --template {template!r}; choose one of {', '.join(PROMPT_TEMPLATES)}")
     greedy_params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, seed=seed)
+    # Built up front: SamplingParams validates temperature and top_p before any model is loaded.
     sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-                                    num_generations=samples, seed=seed) if samples else None)  # validates temperature and top_p up front
+                                    num_generations=samples, seed=seed) if samples else None)
     problems = read_problems(data, limit=limit)
     resolved = resolve_model(model, tokenizer)
     if template is None:

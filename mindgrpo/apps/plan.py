@@ -21,7 +21,8 @@ adds up what one rank holds at its peak, in bytes:
   ``c`` the actor's compute-dtype bytes. On ``cpu`` with ``generate_config.decode_impl: fused`` the cache is the
   fused kernels' store (:mod:`mindgrpo.ops.kv_store`): outside MindSpore, resident only as far as the live rows
   have grown and given back after each rollout chunk, so it is transient, alive only while training activations
-  are not: that formula is its upper bound, and the total counts the larger of it and the training transient. With ``generate_config.backend: vllm`` it is vLLM's whole pool (its own
+  are not: that formula is its upper bound, and the total counts the larger of it and the training transient.
+  With ``generate_config.backend: vllm`` it is vLLM's whole pool (its own
   weights and KV cache) of ``gpu_memory_utilization x device memory``: vLLM sizes it from the device, beside what
   the training side already holds (mindgrpo does not offload training state during rollouts).
 * **activations**: the peak of one training micro-batch's forward + backward, or of a no-grad scoring forward

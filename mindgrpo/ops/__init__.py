@@ -4,7 +4,7 @@ decode step and its KV store, their build logic, and the Ascend boundary (:mod:`
 The loss and decode modules load MindSpore, so this package imports them on first use: ``build`` and ``ascend``
 (what ``python -m mindgrpo doctor`` reads) stay free of MindSpore.
 """
-import importlib
+from mindgrpo._lazy import lazy_attributes
 
 _LAZY = {
     "KL_CODES": "token_loss", "ROW_STATS": "token_loss", "batch_means": "token_loss", "fused_token_loss": "token_loss",
@@ -12,10 +12,4 @@ _LAZY = {
 }
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"mindgrpo.ops.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'mindgrpo.ops' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {name: f"mindgrpo.ops.{module}" for name, module in _LAZY.items()})
