@@ -26,6 +26,8 @@ setup(
         "pyarrow",
         "tokenizers",
         "transformers==4.57.1",
+        "pillow",  # Qwen2.5-VL image preprocessing (mindgrpo.data.images)
+        "math-verify==0.9.0",  # LaTeX-aware answer equality for geo3k_reward
     ],
     extras_require={
         # Ascend-only engines: they do not import on CPU, mindgrpo loads them lazily when selected.

@@ -1079,6 +1079,66 @@ def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifie
     assert [r["step"] for r in read_metrics(run)] == [1]
 
 
+# ---------------------------------------------------------------------------------------------- geo3k_reward
+def verl_geo3k_score(acc: float, fmt: float) -> float:
+    """verl/utils/reward_score/geo3k.py (volcengine/verl), compute_score with its default format_score=0.1:
+    `(1.0 - format_score) * acc_reward(...) + format_score * format_reward(...)`."""
+    format_score = 0.1
+    return (1.0 - format_score) * acc + format_score * fmt
+
+
+GEO3K_EQUAL = [  # (boxed answer, gold): the same value, spelled differently
+    ("\\frac{40}{3}", "\\frac{40}{3}"), ("40/3", "\\frac{40}{3}"), ("\\dfrac{40}{3}", "\\frac{40}{3}"),
+    ("\\frac12", "0.5"), ("\\frac{2}{4}", "\\frac{1}{2}"), ("3.0", "3"),                       # fractions
+    ("60^\\circ", "60"), ("60^{\\circ}", "60"), ("60°", "60"), ("60", "60^\\circ"),               # degrees
+    ("2\\pi", "2 \\pi"), ("\\frac{3}{4}\\pi", "0.75\\pi"), ("25\\pi \\text{ cm}^2", "25\\pi"),       # pi, units
+    ("5\\text{ cm}", "5"), ("12 \\text{units}", "12"), ("x = 5", "5"),                          # units, x =
+    ("\\sqrt{48}", "4\\sqrt{3}"), ("2\\sqrt3", "2\\sqrt{3}"), ("\\frac{\\sqrt{3}}{2}", "\\frac{\\sqrt3}{2}"),
+]
+GEO3K_DIFFERENT = [
+    ("13.33", "\\frac{40}{3}"), ("3.14", "\\pi"), ("31.4", "10\\pi"), ("10.39", "6\\sqrt{3}"), ("4", "3"),
+    ("\\frac{\\pi}{3}", "60^\\circ"), ("\\frac{3}{40}", "\\frac{40}{3}"), ("2\\sqrt{2}", "2\\sqrt{3}"),
+]
+
+
+@pytest.mark.parametrize("answer,gold", GEO3K_EQUAL)
+def test_geo3k_reward_accepts_equal_latex(answer, gold):
+    completion = f"<think>By the angle sum, the answer follows.</think> The answer is \\boxed{{{answer}}}."
+    assert verifiers.geo3k_reward(completion, gold) == pytest.approx(verl_geo3k_score(1.0, 1.0))
+    assert verifiers.geo3k_reward(f"\\boxed{{{answer}}}", gold) == pytest.approx(verl_geo3k_score(1.0, 0.0))
+
+
+@pytest.mark.parametrize("answer,gold", GEO3K_DIFFERENT)
+def test_geo3k_reward_refuses_different_values(answer, gold):
+    completion = f"<think>...</think> \\boxed{{{answer}}}"
+    assert verifiers.geo3k_reward(completion, gold) == pytest.approx(verl_geo3k_score(0.0, 1.0))
+
+
+@pytest.mark.parametrize("completion,fmt", [
+    ("<think>a</think>\\boxed{3}", 1.0),
+    ("<think>\nline\n</think>\nSo x is \\boxed{3}.\n", 1.0),    # text around the box is fine
+    ("<think>a</think> <answer>\\boxed{3}</answer>", 1.0),       # as verl: anything may hold the box
+    (" <think>a</think>\\boxed{3}", 0.0),                        # must open with <think> (verl's fullmatch)
+    ("I think \\boxed{3}", 0.0),                                  # no think block
+    ("<think>a \\boxed{3}", 0.0),                                 # think never closed
+    ("<think>\\boxed{3}</think> so 3", 0.0),                      # the box must follow </think>
+    ("<think>a</think> the answer is 3", 0.0),                     # no box
+])
+def test_geo3k_reward_format_rule(completion, fmt):
+    assert verifiers.geo3k_reward(completion, "3") == pytest.approx(verl_geo3k_score(1.0 if "boxed" in completion
+                                                                                     else 0.0, fmt))
+
+
+def test_geo3k_reward_grades_the_last_box():
+    assert verifiers.last_boxed("\\boxed{1} then \\boxed{\\frac{a}{b}} end") == "\\frac{a}{b}"
+    assert verifiers.last_boxed("\\boxed{1} then \\boxed{2") is None  # the last one is unclosed, as mathruler reads
+    assert verifiers.geo3k_reward("<think>x</think>\\boxed{4} no, \\boxed{3}", "3") == pytest.approx(1.0)
+    assert verifiers.geo3k_reward("<think>x</think>\\boxed{3} no, \\boxed{4}", "3") == pytest.approx(0.1)
+    assert verifiers.geo3k_reward("<think>x</think>\\boxed{}", "3") == pytest.approx(0.1)
+    assert verifiers.resolve_verifier("geo3k_reward") is verifiers.geo3k_reward
+    assert not verifiers.is_format_verifier(verifiers.geo3k_reward)
+
+
 # ---------------------------------------------------------------------------------------------- property tests
 
 FRAGMENTS = [
@@ -1115,7 +1175,7 @@ def test_normalize_number_is_idempotent(text):
        fallback=st.booleans())
 def test_every_verifier_is_total_on_arbitrary_text(name, completion, gold, prompt, fallback):
     score = verifiers.VERIFIERS[name](completion, gold, prompt=prompt, fallback_last_number=fallback, extra=object())
-    assert isinstance(score, float) and score in (0.0, 1.0)
+    assert isinstance(score, float) and score in ((0.0, 0.1, 0.9, 1.0) if name == "geo3k_reward" else (0.0, 1.0))
 
 
 @FAST

@@ -1,4 +1,4 @@
-"""Convert a prompt dataset (GSM8K jsonl, DeepScaleR json, DAPO-Math-17k parquet) into a mindgrpo MindRecord.
+"""Convert a prompt dataset (GSM8K jsonl, DeepScaleR json, DAPO-Math-17k or geo3k parquet) into a mindgrpo MindRecord.
 
 Accepts MindRLHF's flags, so existing launch scripts work unchanged (``mindgrpo data`` takes the same flags):
 
@@ -7,16 +7,20 @@ Accepts MindRLHF's flags, so existing launch scripts work unchanged (``mindgrpo 
         --max_prompt_length 512 --seq_length 1024
 
 or, with a Hugging Face model folder: ``--tokenizer_dir Qwen2.5-0.5B-Instruct``. Bad rows are reported on stderr as
-``file:line: reason`` and skipped; ``--strict`` stops at the first one (exit code 1, nothing written).
+``file:line: reason`` and skipped; ``--strict`` stops at the first one (exit code 1, nothing written). Image datasets
+(``--dataset_type geo3k``, best with ``--prompt_template geo3k``) also read ``preprocessor_config.json`` beside the
+tokenizer: Qwen2.5-VL's image settings fix how many image tokens each prompt holds.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, convert_dataset
+from mindgrpo.data.readers import IMAGE_DATASETS
 from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
 
@@ -62,11 +66,15 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo d
     try:
         tokenizer = (load_tokenizer(args.tokenizer_dir) if args.tokenizer_dir
                      else load_tokenizer(args.vocab_path, args.merges_file_path))
+        image_config = None
+        if args.dataset_type in IMAGE_DATASETS:  # the image processor ships beside the tokenizer
+            from mindgrpo.data.images import ImageProcessorConfig
+            image_config = ImageProcessorConfig.from_pretrained(args.tokenizer_dir or Path(args.vocab_path).parent)
         summary = convert_dataset(
             args.file_path, args.output_path, tokenizer, dataset_type=args.dataset_type,
             prompt_template=args.prompt_template, max_prompt_length=args.max_prompt_length,
             pad_token_id=args.pad_token_id, strict=args.strict, overwrite=args.overwrite,
-            progress=not args.no_progress, on_error=report)
+            progress=not args.no_progress, on_error=report, image_config=image_config)
     except (DataError, TokenizerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -3,7 +3,8 @@
 `convert_dataset` reads rows with `readers`, renders them with a prompt template, tokenises them in chunks, and
 writes token ids right-padded to a fixed length, with the conversion settings in the schema description. The file
 and its `.db` index are staged in a hidden folder and published by renames, so the output appears complete or not
-at all.
+at all. Datasets with images (`readers.IMAGE_DATASETS`) render prompts through Qwen2.5-VL's chat template with one
+`<|image_pad|>` per merged patch, and store each row's encoded image files beside its ids (`IMAGE_FIELDS`).
 """
 from __future__ import annotations
 
@@ -14,17 +15,19 @@ import shutil
 import socket
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 
 from mindgrpo._io import fsync, pid_alive
-from mindgrpo.data.readers import DataError, PathLike, Record, Row, RowError, count_rows, read_dataset
-from mindgrpo.data.templates import PROMPT_TEMPLATES, render_prompt
+from mindgrpo.data.readers import (IMAGE_DATASETS, DataError, PathLike, Record, Row, RowError, count_rows,
+                                   read_dataset)
+from mindgrpo.data.templates import PROMPT_TEMPLATES, render_prompt, render_vl_prompt
 
 if TYPE_CHECKING:
+    from mindgrpo.data.images import ImageProcessorConfig
     from mindgrpo.data.tokenizer import Tokenizer
 
 FORMAT_NAME = "mindgrpo-prompts"  # stored in the MindRecord schema description, checked by PromptDataset
@@ -33,13 +36,31 @@ _CHUNK_ROWS = 1024  # rows tokenised (in parallel) and written per MindRecord ca
 _PARTIAL = ".partial-"  # staging folders: .<output name>.partial-<pid>@<host>-<random>
 
 
-def mindrecord_schema(max_prompt_length: int) -> dict:
+# MindRecord has one bytes field per row, so a row's image files are stored back to back with their lengths.
+IMAGE_FIELDS = {"images": {"type": "bytes"},  # the encoded files (PNG, JPEG, ...) concatenated
+                "image_byte_lengths": {"type": "int64", "shape": [-1]},  # one per image: splits `images`
+                "image_grid_thw": {"type": "int32", "shape": [-1]}}  # (t, h, w) per image, flattened
+
+
+def mindrecord_schema(max_prompt_length: int, with_images: bool = False) -> dict:
     """MindRecord fields per prompt. `prompt_ids` has a fixed shape (right-padded), as MindRLHF's datasets do."""
-    return {"prompt_ids": {"type": "int32", "shape": [max_prompt_length]},
-            "prompt_length": {"type": "int32"},  # real tokens; the rest of prompt_ids is pad_token_id
-            "gold": {"type": "string"},  # normalised final answer the reward compares against
-            "question": {"type": "string"},  # raw question, for logs and completions dumps
-            "line_no": {"type": "int32"}}  # 1-based source line/item, to trace a prompt back to its file
+    schema = {"prompt_ids": {"type": "int32", "shape": [max_prompt_length]},
+              "prompt_length": {"type": "int32"},  # real tokens; the rest of prompt_ids is pad_token_id
+              "gold": {"type": "string"},  # normalised final answer the reward compares against
+              "question": {"type": "string"},  # raw question, for logs and completions dumps
+              "line_no": {"type": "int32"}}  # 1-based source line/item, to trace a prompt back to its file
+    return {**schema, **IMAGE_FIELDS} if with_images else schema
+
+
+def stored_images(row: dict) -> tuple[list[bytes], np.ndarray]:
+    """A stored row's image files and their `image_grid_thw` [num_images, 3], as `convert_dataset` wrote them."""
+    blob, lengths = bytes(row["images"]), np.asarray(row["image_byte_lengths"], np.int64)
+    ends = np.cumsum(lengths)
+    if len(blob) != int(lengths.sum()):
+        raise DataError(f"stored images hold {len(blob)} bytes but their lengths add up to {int(lengths.sum())}: "
+                        "the MindRecord is damaged; convert the dataset again")
+    return ([blob[end - n:end] for n, end in zip(lengths.tolist(), ends.tolist())],
+            np.asarray(row["image_grid_thw"], np.int64).reshape(-1, 3))
 
 
 @dataclass(frozen=True)
@@ -155,36 +176,71 @@ def _chunks(rows: Iterable[Row], size: int) -> Iterator[list[Row]]:
         yield chunk
 
 
-def _encode_chunk(chunk: Sequence[Row], tokenizer: "Tokenizer", template: str, max_prompt_length: int,
-                  pad: int) -> tuple[list[dict], list[RowError]]:
+def _vl_prompt(rec: Record, template: str, image_config: "ImageProcessorConfig") -> tuple[str, list[tuple]]:
+    """The Qwen2.5-VL prompt of a record with images and each image's (t, h, w) grid; ValueError when it cannot
+    be built (an image the processor refuses, a question spelling `<|image_pad|>`)."""
+    from mindgrpo.data.images import decode_image, image_grid_thw, image_token_count
+
+    grids = []
+    for data in rec.images:
+        image = decode_image(data)
+        grids.append(image_grid_thw(image.height, image.width, image_config))
+    tokens = [image_token_count(grid, image_config.merge_size) for grid in grids]
+    return render_vl_prompt(template, rec.question, tokens), grids
+
+
+def _encode_chunk(chunk: Sequence[Row], tokenizer: "Tokenizer", template: str, max_prompt_length: int, pad: int,
+                  image_config: Optional["ImageProcessorConfig"] = None) -> tuple[list[dict], list[RowError]]:
     """MindRecord rows for the usable records of `chunk` (one parallel tokenizer call), and the chunk's row
-    errors in line order, too-long prompts included."""
-    records = [r for r in chunk if isinstance(r, Record)]
+    errors in line order, too-long prompts included. With `image_config` (an image dataset) every prompt goes
+    through Qwen2.5-VL's chat template and the rows carry their images."""
     errors = [r for r in chunk if isinstance(r, RowError)]
+    records, texts, grids = [], [], []
+    for rec in (r for r in chunk if isinstance(r, Record)):
+        if image_config is None:
+            text, rec_grids = render_prompt(template, rec.question), []
+        else:
+            try:
+                text, rec_grids = _vl_prompt(rec, template, image_config)
+            except ValueError as err:  # ImageError included
+                errors.append(RowError(rec.source, rec.line_no, "bad_image", str(err)))
+                continue
+        records.append(rec)
+        texts.append(text)
+        grids.append(rec_grids)
     rows = []
-    for rec, ids in zip(records, tokenizer.encode_batch([render_prompt(template, r.question) for r in records])):
+    for k, (rec, ids) in enumerate(zip(records, tokenizer.encode_batch(texts))):
         if len(ids) > max_prompt_length:
             errors.append(RowError(rec.source, rec.line_no, "too_long",
                                    f"prompt is {len(ids)} tokens, longer than max_prompt_length {max_prompt_length}"))
             continue
         padded = np.full(max_prompt_length, pad, dtype=np.int32)
         padded[:len(ids)] = ids
-        rows.append({"prompt_ids": padded, "prompt_length": len(ids), "gold": rec.gold, "question": rec.question,
-                     "line_no": rec.line_no})
+        row = {"prompt_ids": padded, "prompt_length": len(ids), "gold": rec.gold, "question": rec.question,
+               "line_no": rec.line_no}
+        if image_config is not None:
+            row.update(images=b"".join(rec.images),
+                       image_byte_lengths=np.asarray([len(b) for b in rec.images], np.int64),
+                       image_grid_thw=np.asarray(grids[k], np.int32).reshape(-1))
+        rows.append(row)
     return rows, sorted(errors, key=lambda e: e.line_no)
 
 
 def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tokenizer", *, dataset_type: str,
                     prompt_template: str, max_prompt_length: int, pad_token_id: Optional[int] = None,
                     strict: bool = False, overwrite: bool = False, progress: bool = True,
-                    on_error: Optional[Callable[[RowError], None]] = None) -> ConversionSummary:
+                    on_error: Optional[Callable[[RowError], None]] = None,
+                    image_config: Optional["ImageProcessorConfig"] = None) -> ConversionSummary:
     """Convert a source dataset into a mindgrpo prompt MindRecord at `output_path` (plus its `.db` index).
 
     Bad rows (invalid JSON, missing field, no parsable answer, prompt longer than `max_prompt_length` tokens) are
     skipped, counted and passed to `on_error`; with `strict` the first one raises `DataError` instead. The output
     appears complete or not at all: an exception or a kill leaves neither a partial file nor a stray index at
     `output_path` (staging leftovers of killed runs are removed by the next conversion to the same path).
-    Only `tokenizer.encode_batch`, `.pad_token_id` and `.vocab_size` are used.
+    Only `tokenizer.encode_batch`, `.pad_token_id` and `.vocab_size` are used. Datasets with images need
+    `image_config` (the model folder's `preprocessor_config.json`): it fixes how many `<|image_pad|>` tokens each
+    image takes, and is stored in the metadata so training preprocesses the images the same way. Rows whose image
+    cannot be used are skipped as `bad_image`.
     """
     from mindspore.mindrecord import FileWriter  # lazy: importing mindspore costs seconds
     from tqdm import tqdm
@@ -197,6 +253,12 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
     pad = tokenizer.pad_token_id if pad_token_id is None else int(pad_token_id)
     if not 0 <= pad < tokenizer.vocab_size:
         raise ValueError(f"pad_token_id {pad} is outside the tokenizer's vocabulary [0, {tokenizer.vocab_size})")
+    with_images = dataset_type in IMAGE_DATASETS
+    if with_images and image_config is None:
+        raise ValueError(f"dataset_type {dataset_type!r} has images: pass image_config (ImageProcessorConfig."
+                         "from_pretrained(model folder), the folder's preprocessor_config.json)")
+    if with_images:
+        render_vl_prompt(prompt_template, "", [])  # a template that is not one ChatML user turn fails here, once
     rows = read_dataset(input_path, dataset_type)
     output = Path(output_path).absolute()
     if output.is_dir():
@@ -213,17 +275,20 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
     meta = {"format": FORMAT_NAME, "version": FORMAT_VERSION, "dataset_type": dataset_type,
             "prompt_template": prompt_template, "max_prompt_length": max_prompt_length, "pad_token_id": pad,
             "source": Path(input_path).name}
+    if with_images:  # what the stored grids and pad counts depend on; training must preprocess the same way
+        meta["image_processor"] = asdict(image_config)
     lengths: list[int] = []
     staged = _StagedMindRecord(output)
     try:
         writer = FileWriter(str(staged.file), shard_num=1, overwrite=False)
-        writer.add_schema(mindrecord_schema(max_prompt_length), json.dumps(meta))
+        writer.add_schema(mindrecord_schema(max_prompt_length, with_images), json.dumps(meta))
         writer.add_index(["line_no"])  # the default indexes every string too: a needlessly large .db
         show = progress and sys.stderr.isatty()
         with tqdm(total=count_rows(input_path, dataset_type) if show else None, unit="row", file=sys.stderr,
                   disable=not show, delay=1.0, desc=f"converting {Path(input_path).name}") as bar:
             for chunk in _chunks(rows, _CHUNK_ROWS):
-                batch, errors = _encode_chunk(chunk, tokenizer, prompt_template, max_prompt_length, pad)
+                batch, errors = _encode_chunk(chunk, tokenizer, prompt_template, max_prompt_length, pad,
+                                              image_config if with_images else None)
                 lengths.extend(row["prompt_length"] for row in batch)
                 for err in errors:
                     if strict:

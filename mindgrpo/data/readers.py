@@ -1,4 +1,4 @@
-"""Source readers: GSM8K jsonl, DeepScaleR json and DAPO-Math-17k parquet files as `Record`s and `RowError`s.
+"""Source readers: GSM8K jsonl, DeepScaleR json, DAPO-Math-17k and geo3k parquet files as `Record`s and `RowError`s.
 
 Each reader yields one item per source row, in file order: a usable `Record` (question and gold answer) or a
 `RowError` saying why the row is skipped. Errors that make the whole file unusable raise `DataError`.
@@ -28,6 +28,7 @@ class Record:
     line_no: int
     question: str
     gold: str
+    images: tuple[bytes, ...] = ()  # encoded image files, in the order of the question's `<image>` tags
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,8 @@ class RowError:
         return f"{self.source}:{self.line_no}: {self.reason}"
 
 
-SKIP_REASONS = ("invalid_json", "missing_field", "no_answer", "too_long")
+SKIP_REASONS = ("invalid_json", "missing_field", "no_answer", "too_long", "bad_image")
+IMAGE_TAG = "<image>"  # where an image goes in a multimodal question (geo3k, verl and LLaMA-Factory datasets)
 Row = Union[Record, RowError]
 _BOXED = re.compile(r"^\\boxed\{(.*)\}$", re.S)
 
@@ -141,25 +143,29 @@ def read_deepscaler(path: PathLike) -> Iterator[Row]:
         yield Record(source, line_no, problem, gold)
 
 
+def _parquet_columns(path: PathLike, columns: tuple[str, ...], hint: str) -> list[list]:
+    """The named columns of a parquet file as Python lists; DataError when the file or a column is missing."""
+    import pyarrow.parquet as pq  # lazy: only the parquet readers need pyarrow
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises ArrowInvalid/OSError variants
+        raise DataError(f"{path}: cannot read as parquet ({err}); is --dataset_type right?") from err
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise DataError(f"{path}: parquet has no column(s) {missing} (columns: {table.column_names}); {hint}")
+    return [table.column(c).to_pylist() for c in columns]
+
+
 def read_math17k(path: PathLike) -> Iterator[Row]:
     """DAPO-Math-17k parquet: the user turn of `prompt` (a list of {role, content}) and `reward_model.ground_truth`.
 
     line_no is the 1-based parquet row. The question is the user content verbatim (DAPO already wraps the
     problem in its instructions), so pair it with the `chatml` template.
     """
-    import pyarrow.parquet as pq  # lazy: only this reader needs pyarrow
-
     source = str(path)
-    try:
-        table = pq.read_table(path)
-    except Exception as err:  # pyarrow raises ArrowInvalid/OSError variants
-        raise DataError(f"{source}: cannot read as parquet ({err}); is --dataset_type right?") from err
-    missing = [c for c in ("prompt", "reward_model") if c not in table.column_names]
-    if missing:
-        raise DataError(f"{source}: parquet has no column(s) {missing} (columns: {table.column_names}); "
-                        "a math17k file needs 'prompt' and 'reward_model' as in DAPO-Math-17k")
-    prompts = table.column("prompt").to_pylist()
-    rewards = table.column("reward_model").to_pylist()
+    prompts, rewards = _parquet_columns(path, ("prompt", "reward_model"),
+                                        "a math17k file needs 'prompt' and 'reward_model' as in DAPO-Math-17k")
     for line_no, (prompt, reward) in enumerate(zip(prompts, rewards), 1):
         users = [m.get("content") for m in prompt or [] if isinstance(m, dict) and m.get("role") == "user"]
         if not users or not isinstance(users[0], str) or not users[0].strip():
@@ -172,8 +178,64 @@ def read_math17k(path: PathLike) -> Iterator[Row]:
         yield Record(source, line_no, users[0], _math_gold(str(truth)))
 
 
+def _image_bytes(images: object, source: str, line_no: int) -> Union[tuple[bytes, ...], RowError]:
+    """The encoded files of a row's `images` list ({bytes, path} structs, as Hugging Face datasets stores images),
+    each checked to decode; or the RowError of the first one that does not."""
+    from mindgrpo.data.images import ImageError, decode_image  # lazy: Pillow only for image datasets
+
+    if images is None:
+        return ()
+    if not isinstance(images, list):
+        return RowError(source, line_no, "bad_image", f"field 'images' is a {type(images).__name__}, not a list")
+    found = []
+    for k, image in enumerate(images, 1):
+        data = image.get("bytes") if isinstance(image, dict) else image
+        if not isinstance(data, (bytes, bytearray)) or not data:
+            path = image.get("path") if isinstance(image, dict) else None
+            return RowError(source, line_no, "bad_image", f"image {k} has no bytes"
+                            + (f" (only a path, {path!r}: embed the files in the parquet)" if path else ""))
+        try:
+            decode_image(data)
+        except ImageError as err:
+            return RowError(source, line_no, "bad_image", f"image {k}: {err}")
+        found.append(bytes(data))
+    return tuple(found)
+
+
+def read_geo3k(path: PathLike) -> Iterator[Row]:
+    """Geometry3K parquet as on the Hugging Face hub (hiyouga/geometry3k): `images` (a list of {bytes, path}),
+    `problem` with one `<image>` tag per image, and `answer` (a number or LaTeX, kept for LaTeX-aware grading).
+
+    line_no is the 1-based parquet row. The question keeps its `<image>` tags: conversion puts each image there.
+    """
+    source = str(path)
+    columns = _parquet_columns(path, ("images", "problem", "answer"),
+                               "a geo3k file needs 'images', 'problem' and 'answer' as in hiyouga/geometry3k")
+    for line_no, (images, problem, answer) in enumerate(zip(*columns), 1):
+        fields = _text_fields({"problem": problem, "answer": answer}, ("problem", "answer"), source, line_no)
+        if isinstance(fields, RowError):
+            yield fields
+            continue
+        problem, answer = fields
+        found = _image_bytes(images, source, line_no)
+        if isinstance(found, RowError):
+            yield found
+            continue
+        tags = problem.count(IMAGE_TAG)
+        if tags != len(found):
+            yield RowError(source, line_no, "bad_image", f"problem has {tags} {IMAGE_TAG} tag(s) but the row has "
+                           f"{len(found)} image(s); put one {IMAGE_TAG} where each image belongs")
+            continue
+        gold = _math_gold(answer)
+        if not gold:
+            yield RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
+            continue
+        yield Record(source, line_no, problem, gold, found)
+
+
 READERS: dict[str, Callable[[PathLike], Iterator[Row]]] = {
-    "gsm8k": read_gsm8k, "deepscaler": read_deepscaler, "math17k": read_math17k}
+    "gsm8k": read_gsm8k, "deepscaler": read_deepscaler, "math17k": read_math17k, "geo3k": read_geo3k}
+IMAGE_DATASETS = frozenset({"geo3k"})  # sources whose records carry images (their MindRecords store them)
 
 
 def read_dataset(path: PathLike, dataset_type: str) -> Iterator[Row]:
@@ -190,7 +252,7 @@ def count_rows(path: PathLike, dataset_type: str) -> Optional[int]:
     if dataset_type == "gsm8k":
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
-    if dataset_type == "math17k":
+    if dataset_type in ("math17k", "geo3k"):
         import pyarrow.parquet as pq
         try:
             return pq.ParquetFile(path).metadata.num_rows

@@ -191,7 +191,7 @@ class Tokenizer:
         special = {"bos_token": self.bos_token, "eos_token": self.eos_token, "pad_token": self.pad_token}
         context = {"tools": None, "documents": None, **{k: v for k, v in special.items() if v is not None},
                    **kwargs}  # as in transformers, explicit kwargs win over the special tokens
-        return _compile_chat_template(self.chat_template).render(
+        return compile_chat_template(self.chat_template).render(
             messages=list(messages), add_generation_prompt=add_generation_prompt, **context)
 
     # ---- export -------------------------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def _atomic_copy(src: Path, dest: Path) -> Path:
 
 
 @lru_cache(maxsize=8)
-def _compile_chat_template(template: str):
+def compile_chat_template(template: str):
     """transformers' `_compile_jinja_template`: same sandbox, options, filters and globals."""
     import jinja2  # lazy: only chat rendering needs it
     from jinja2.ext import Extension, loopcontrols

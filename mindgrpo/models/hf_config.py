@@ -4,6 +4,12 @@ MindFormers' ``Qwen2ForCausalLM`` is inference-only and Ascend-only, so we build
 ``LlamaForCausalLM`` with q/k/v bias, HF-style half rotation (``use_rope_slice``), plain-ops RMSNorm and plain
 attention. Everything that decides the architecture comes from ``config.json``; anything in it we cannot honour
 (sliding windows, RoPE scaling, another activation) is an error rather than a silently different model.
+
+Qwen2.5-VL's language model is Qwen2 with multimodal RoPE (M-RoPE: three position rows, t/h/w, each rotating its
+``mrope_section`` share of the rotary dims). Its config.json comes in two spellings, both read here into the same
+:class:`Qwen2Spec`: transformers >= 4.52 nests the text keys under ``text_config``; hub checkpoints keep them at
+the top level with ``rope_scaling: {"type": "mrope", "mrope_section": [...]}``. The vision tower's keys
+(``vision_config``) are read by :mod:`mindgrpo.models.vision`.
 """
 from __future__ import annotations
 
@@ -11,13 +17,14 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Mapping, Optional, Tuple, Union
 
 PathLike = Union[str, Path]
 
 CONFIG_FILE = "config.json"
 GENERATION_CONFIG_FILE = "generation_config.json"
-SUPPORTED_MODEL_TYPES = ("qwen2",)
+VL_MODEL_TYPES = ("qwen2_5_vl",)  # Qwen2 language model with M-RoPE, plus a vision tower
+SUPPORTED_MODEL_TYPES = ("qwen2",) + VL_MODEL_TYPES
 # Keys without which the network shape is unknown. HF has defaults for them, but those are Qwen2-7B's, and a
 # config that omits them is far more likely truncated than meant to be 7B.
 REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
@@ -46,6 +53,12 @@ class Qwen2Spec:
     bos_token_id: Optional[int]
     eos_token_id: Optional[int]
     pad_token_id: Optional[int]
+    # Qwen2.5-VL only (empty / None for a text model): the rotary half-dims of the t/h/w position rows, the token
+    # ids of <|image_pad|> and <|vision_start|>, and how many patches per side the vision tower merges into a token.
+    mrope_section: Tuple[int, ...] = ()
+    image_token_id: Optional[int] = None
+    vision_start_token_id: Optional[int] = None
+    spatial_merge_size: Optional[int] = None
 
 
 def read_hf_config(model_dir: PathLike) -> dict:
@@ -83,6 +96,37 @@ def read_generation_config(model_dir: PathLike) -> Optional[dict]:
         raise ModelConfigError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
 
 
+def language_model_config(config: Mapping[str, Any]) -> dict:
+    """The keys that describe the language model, at the top level: a Qwen2.5-VL config's ``text_config`` merged
+    over its top level (text keys win, as in transformers' ``Qwen2_5_VLConfig``; ``model_type`` stays the VL one).
+    A text model's or hub-style VL config is returned as it is."""
+    text = config.get("text_config")
+    if not isinstance(text, Mapping):
+        return dict(config)
+    merged = {key: value for key, value in config.items() if key != "text_config"}
+    merged.update({key: value for key, value in text.items() if key != "model_type"})
+    return merged
+
+
+def _mrope_section(config: Mapping[str, Any], head_dim: int, source: str) -> Tuple[int, ...]:
+    """M-RoPE's rotary half-dims per t/h/w row, from ``rope_scaling`` (transformers 4.x, hub) or
+    ``rope_parameters`` (transformers 5); they must cover the head's ``head_dim / 2`` rotary frequencies."""
+    section = None
+    for key in ("rope_scaling", "rope_parameters"):
+        params = config.get(key)
+        if isinstance(params, Mapping) and params.get("mrope_section") is not None:
+            section = params["mrope_section"]
+    if section is None:
+        raise ModelConfigError(f"{source}: model_type={config.get('model_type')!r} needs rope_scaling.mrope_section "
+                               "(the t/h/w split of the rotary dims, e.g. [16, 24, 24]); copy config.json from the "
+                               "original model folder")
+    if (not isinstance(section, (list, tuple)) or len(section) != 3
+            or not all(isinstance(n, int) and n > 0 for n in section) or sum(section) != head_dim // 2):
+        raise ModelConfigError(f"{source}: mrope_section={section!r} must be three positive integers summing to "
+                               f"head_dim / 2 = {head_dim // 2}")
+    return tuple(int(n) for n in section)
+
+
 def _rope_theta(config: Mapping[str, Any], source: str) -> float:
     """RoPE base: transformers 4.x and real Qwen2.5 checkpoints write ``rope_theta``, transformers 5 writes
     ``rope_parameters.rope_theta``; some folders carry both, which must then agree."""
@@ -94,7 +138,9 @@ def _rope_theta(config: Mapping[str, Any], source: str) -> float:
                                "fix the file so both hold the model's RoPE base")
     rope_type = params.get("rope_type", "default") if isinstance(params, dict) else "default"
     scaling = config.get("rope_scaling")
-    if rope_type != "default" or (scaling and scaling.get("rope_type", scaling.get("type")) != "default"):
+    # M-RoPE computes plain RoPE frequencies (transformers maps type "mrope" to "default"); only VL models have it
+    plain = ("default", "mrope") if config.get("model_type") in VL_MODEL_TYPES else ("default",)
+    if rope_type not in plain or (scaling and scaling.get("rope_type", scaling.get("type")) not in plain):
         raise ModelConfigError(f"{source}: RoPE scaling ({scaling or params}) is not supported; mindgrpo builds "
                                "plain RoPE. Remove rope_scaling for contexts within max_position_embeddings")
     theta = top if top is not None else nested
@@ -102,11 +148,13 @@ def _rope_theta(config: Mapping[str, Any], source: str) -> float:
 
 
 def qwen2_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> Qwen2Spec:
-    """Validate a Qwen2 config dict and normalise it; ``source`` names the file in error messages."""
+    """Validate a Qwen2 (or Qwen2.5-VL: its language model) config dict and normalise it; ``source`` names the file
+    in error messages."""
+    config = language_model_config(config)
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelConfigError(f"{source}: model_type={model_type!r}, but mindgrpo builds only "
-                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/Qwen2.5) models")
+                               f"{', '.join(SUPPORTED_MODEL_TYPES)} (Qwen2/Qwen2.5, Qwen2.5-VL) models")
     missing = [key for key in REQUIRED_KEYS if key not in config]
     if missing:
         raise ModelConfigError(f"{source}: missing key(s) {', '.join(missing)}; copy config.json from the "
@@ -131,6 +179,9 @@ def qwen2_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> Qwen2Spe
         value = config.get(key)
         return value[0] if isinstance(value, list) and value else value
 
+    vl = model_type in VL_MODEL_TYPES
+    vision = config.get("vision_config") or {}
+
     return Qwen2Spec(
         vocab_size=int(config["vocab_size"]), hidden_size=hidden,
         intermediate_size=int(config["intermediate_size"]), num_hidden_layers=int(config["num_hidden_layers"]),
@@ -138,7 +189,12 @@ def qwen2_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> Qwen2Spe
         rms_norm_eps=float(config.get("rms_norm_eps", 1e-6)), rope_theta=_rope_theta(config, source),
         max_position_embeddings=int(config.get("max_position_embeddings", 32768)),
         tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-        bos_token_id=token("bos_token_id"), eos_token_id=token("eos_token_id"), pad_token_id=token("pad_token_id"))
+        bos_token_id=token("bos_token_id"), eos_token_id=token("eos_token_id"), pad_token_id=token("pad_token_id"),
+        mrope_section=_mrope_section(config, head_dim, source) if vl else (),
+        # absent ids take transformers' Qwen2_5_VLConfig defaults (the real tokenizer's ids)
+        image_token_id=int(config.get("image_token_id", 151655)) if vl else None,
+        vision_start_token_id=int(config.get("vision_start_token_id", 151652)) if vl else None,
+        spatial_merge_size=int(vision.get("spatial_merge_size", 2)) if vl else None)
 
 
 def check_dtype(name: str, value: str) -> str:

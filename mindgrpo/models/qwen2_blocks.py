@@ -12,6 +12,9 @@ they are the only forward of a tensor-parallel rank's slices (:class:`~mindgrpo.
 :class:`Qwen2Blocks` is the math as MindSpore ops: RMSNorm in float32, RoPE tables built like MindFormers'
 ``FreqsMgr``, rotate-half RoPE, grouped-query attention with q/k/v bias and query head ``h`` reading KV head
 ``h // (heads / kv_heads)``, SwiGLU MLP, tied or untied ``lm_head``, so results match the MindFormers forward.
+For Qwen2.5-VL's language model (``DecoderSpec.mrope_section`` set) the blocks also take multimodal RoPE: 3-row
+t/h/w position ids, each row rotating its ``mrope_section`` share of the rotary dims (:meth:`Qwen2Blocks._mrope_rows`,
+as transformers' ``apply_multimodal_rotary_pos_emb``); 1-row positions keep the plain path unchanged.
 Masked attention scores get :data:`MASKED_SCORE` (:func:`mask_bias`), which MindFormers' forward in
 :mod:`mindgrpo.models.causal_lm` uses too.
 """
@@ -63,6 +66,8 @@ class DecoderSpec:
     tp_layout: Optional[TPLayout] = None
     """This rank's tensor-parallel slice of the heads and vocabulary (None: the whole model)."""
     tp_group: str = ""
+    mrope_section: Tuple[int, ...] = ()
+    """Qwen2.5-VL's M-RoPE: rotary half-dims of the t/h/w position rows (empty: a text model, 1-row positions)."""
 
     @property
     def tp_size(self) -> int:
@@ -123,7 +128,9 @@ def decoder_weights(actor: nn.Cell) -> Tuple[DecoderSpec, List[Parameter]]:
         num_heads=num_heads, num_kv_heads=int(cfg.n_kv_heads or num_heads),
         head_dim=int(cfg.hidden_size) // num_heads, rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=float(cfg.theta), qkv_bias=bool(attn0.wq.has_bias),
-        tp_layout=layout, tp_group=getattr(lm, "tp_group", ""))
+        tp_layout=layout, tp_group=getattr(lm, "tp_group", ""),
+        # build_model attaches the HF spec; M-RoPE is not in MindFormers' config
+        mrope_section=tuple(getattr(getattr(lm, "spec", None), "mrope_section", ()) or ()))
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
     params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, lm.lm_head.weight]
     for layer in body.layers:
@@ -144,6 +151,17 @@ def rope_tables(head_dim: int, theta: float, length: int) -> Tuple[np.ndarray, n
     angles = np.outer(np.arange(0, length, 1).astype(np.float32), freqs)
     emb = np.concatenate((angles, angles), axis=-1)
     return np.cos(emb).astype(np.float32), np.sin(emb).astype(np.float32)
+
+
+def mrope_chunks(mrope_section) -> List[Tuple[int, int, int]]:
+    """(position row, first rotary dim, width) of each chunk of the rotary dims under M-RoPE: the t/h/w sections of
+    the first half, then the same sections of the second half (transformers splits by ``mrope_section * 2`` and
+    gives chunk ``i`` row ``i % 3``)."""
+    chunks, start = [], 0
+    for i, width in enumerate(tuple(mrope_section) * 2):
+        chunks.append((i % 3, start, int(width)))
+        start += int(width)
+    return chunks
 
 
 class Qwen2Weights:
@@ -187,6 +205,9 @@ class Qwen2Blocks(nn.Cell):
         self.cache_len = cache_len
         cos, sin = rope_tables(spec.head_dim, spec.rope_theta, cache_len)
         self.cos, self.sin = Tensor(cos), Tensor(sin)
+        # M-RoPE: (t/h/w row, first dim, width) of each rotary-dim chunk; the half-dim sections come twice, as the
+        # tables hold each frequency in both halves
+        self.mrope_chunks = tuple(mrope_chunks(spec.mrope_section))
         fields = layer_fields(spec.qkv_bias)
         self.stride = len(fields)
         # graph-constant offsets of each per-layer weight (the bias offsets are only read when qkv_bias)
@@ -300,6 +321,31 @@ class Qwen2Blocks(nn.Cell):
         cos = ops.gather(self.cos, positions, 0).reshape((rows, 1, self.head_dim))
         sin = ops.gather(self.sin, positions, 0).reshape((rows, 1, self.head_dim))
         return ops.tile(cos, (1, width, 1)), ops.tile(sin, (1, width, 1))
+
+    def _mrope_cos_sin(self, positions):
+        """M-RoPE cos/sin [rows, head_dim] for t/h/w positions [3, rows]: each rotary chunk takes the table row of
+        its position row (transformers' ``apply_multimodal_rotary_pos_emb``). With three equal rows this is exactly
+        the 1-row table lookup."""
+        if not self.mrope_chunks:
+            raise ValueError("3-row (t/h/w) position ids need a Qwen2.5-VL model: this decoder has no mrope_section")
+        rows, d = positions.shape[1], self.head_dim
+        cos = ops.gather(self.cos, positions.reshape((-1,)), 0).reshape((3, rows, d))
+        sin = ops.gather(self.sin, positions.reshape((-1,)), 0).reshape((3, rows, d))
+        return self._mrope_pick(cos, rows), self._mrope_pick(sin, rows)
+
+    def _mrope_pick(self, table, rows: int):
+        """[rows, head_dim] from per-row tables [3, rows, head_dim]: each chunk's dims from its t/h/w row."""
+        chunks = ()
+        for row, start, width in self.mrope_chunks:
+            chunks += (ops.slice(table, (row, 0, start), (1, rows, width)),)
+        return ops.concat(chunks, 2).reshape((rows, self.head_dim))
+
+    def _mrope_rows(self, positions):
+        """:meth:`_rope_rows` for M-RoPE positions [3, rows]: cos/sin [rows, heads + kv_heads, head_dim]."""
+        rows, width = positions.shape[1], self.heads + self.kv_heads
+        cos, sin = self._mrope_cos_sin(positions)
+        return (ops.tile(cos.reshape((rows, 1, self.head_dim)), (1, width, 1)),
+                ops.tile(sin.reshape((rows, 1, self.head_dim)), (1, width, 1)))
 
     def _rms_norm_rows(self, x, weight):
         h = self._f32(x)

@@ -19,6 +19,11 @@ Name mapping (HF Qwen2 -> MindFormers Llama; ``N`` is the layer index; shapes ar
 This is the mapping of MindFormers' ``LlamaForCausalLM.convert_name`` (the tests check both agree), written as a
 table so it can be inverted for export.
 
+Qwen2.5-VL checkpoints hold the same language model under the same names in the hub layout (``model.*``,
+``lm_head``), or under ``model.language_model.*`` (transformers >= 4.52 saves them so), beside the vision tower's
+``visual.*`` / ``model.visual.*`` tensors. :func:`language_model_names` reads both layouts as the names above and
+leaves the vision tower's tensors to :func:`mindgrpo.models.vision.load_vision_weights`.
+
 Loading is strict: every parameter of the network must come from the checkpoint, every checkpoint tensor must land
 in the network, shapes must match, all checked from the headers before anything is read. Tensors are read one at a
 time and widened to the parameter dtype, so peak extra memory is one tensor, not a second model.
@@ -62,6 +67,9 @@ _LAYER = {"self_attn.q_proj.weight": "attention.wq.weight", "self_attn.q_proj.bi
 _GLOBAL_INV = {ms_name: hf for hf, ms_name in _GLOBAL.items()}
 _LAYER_INV = {ms_name: hf for hf, ms_name in _LAYER.items()}
 _LAYER_NAME = re.compile(r"^model\.layers\.(\d+)\.(.+)$")
+# Qwen2.5-VL: where transformers >= 4.52 saves the language model, and the vision tower's tensors (not ours)
+_VL_LANGUAGE_MODEL = "model.language_model."
+VISION_PREFIXES = ("visual.", "model.visual.")
 
 
 class CheckpointMismatchError(ValueError):
@@ -139,6 +147,24 @@ def checkpoint_files(model_dir: PathLike) -> Dict[str, Path]:
     raise FileNotFoundError(f"no {SINGLE_FILE} or {INDEX_FILE} in {folder}.{hint}")
 
 
+def language_model_names(stored_names) -> Dict[str, str]:
+    """The language model's tensors of a checkpoint: {Hugging Face Qwen2 name: name as stored}. Text Qwen2 and
+    hub-layout Qwen2.5-VL names are kept as they are, ``model.language_model.X`` is read as ``model.X``, and the
+    vision tower's ``visual.*`` / ``model.visual.*`` tensors are left out. A checkpoint holding both layouts of a
+    name is an error (it came from two saves)."""
+    names: Dict[str, str] = {}
+    for stored in stored_names:
+        if stored.startswith(VISION_PREFIXES):
+            continue
+        name = "model." + stored[len(_VL_LANGUAGE_MODEL):] if stored.startswith(_VL_LANGUAGE_MODEL) else stored
+        if name in names:
+            first, second = sorted((names[name], stored))
+            raise CheckpointMismatchError(f"the checkpoint holds both {first} and {second}: the language model in "
+                                          "two layouts; keep one save's files")
+        names[name] = stored
+    return names
+
+
 def _check_names(params: Mapping[str, Parameter], available: Mapping[str, Tuple[int, ...]], tied: bool,
                  source: str) -> None:
     missing = set(params) - set(available)
@@ -177,17 +203,19 @@ def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike) -> None:
 
     A tensor-parallel shard (a model with a ``tp_layout``, :class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`)
     reads only its own slice of each tensor, from the same full-size files, so one folder serves every layout."""
-    files = checkpoint_files(model_dir)
+    stored_files = checkpoint_files(model_dir)
+    stored = language_model_names(stored_files)  # Qwen2 name -> name in the files (they differ for Qwen2.5-VL)
+    files = {name: stored_files[original] for name, original in stored.items()}
     readers = {path: SafetensorsReader(path) for path in set(files.values())}
     params = hf_parameters(model)
     tied = "lm_head.weight" not in params
     layout = getattr(model, "tp_layout", None)
 
     def part(name: str):
-        return None if layout is None else layout.shard(name, readers[files[name]].shape(name))
+        return None if layout is None else layout.shard(name, readers[files[name]].shape(stored[name]))
 
     def stored_shape(name: str):
-        shape = readers[files[name]].shape(name)
+        shape = readers[files[name]].shape(stored[name])
         return shape if layout is None else layout.local_shape(name, shape)
 
     source = ", ".join(sorted(str(p) for p in readers))
@@ -198,10 +226,10 @@ def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike) -> None:
     for path, names in sorted(by_file.items()):
         for name in names:
             if name in params:
-                _assign(params[name], readers[path].read(name, part(name)))
+                _assign(params[name], readers[path].read(stored[name], part(name)))
     if tied and "lm_head.weight" in files:
-        stored = readers[files["lm_head.weight"]].read("lm_head.weight", part("lm_head.weight"))
-        if not np.array_equal(stored, host_array(params["model.embed_tokens.weight"])):
+        head = readers[files["lm_head.weight"]].read(stored["lm_head.weight"], part("lm_head.weight"))
+        if not np.array_equal(head, host_array(params["model.embed_tokens.weight"])):
             raise CheckpointMismatchError(
                 f"{files['lm_head.weight']}: config.json says tie_word_embeddings=true, but lm_head.weight differs "
                 "from model.embed_tokens.weight; set tie_word_embeddings=false if the model has its own lm_head")

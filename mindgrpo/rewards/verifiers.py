@@ -5,7 +5,8 @@ also accepts `package.module:function` specs so users can plug in their own. Bat
 functions: `fn(completions, golds, **context) -> list of floats`) are registered beside them with
 `register_verifier(name, batch=True)`, or marked with `@batch_verifier` for a `package.module:function` spec.
 Built in: `accuracy_reward` (the final answer equals the gold one), `format_reward` (R1-Zero's
-`<think>…</think><answer>…</answer>`) and `hash_format_reward` (a GSM8K `#### N` line).
+`<think>…</think><answer>…</answer>`), `hash_format_reward` (a GSM8K `#### N` line) and `geo3k_reward` (verl's
+geo3k score: 0.9 x the last `\\boxed{}` graded by math-verify + 0.1 x the `<think>…</think> … \\boxed{…}` format).
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import difflib
 import importlib
 import inspect
 import re
-from typing import Callable, Dict, Set
+import threading
+from typing import Callable, Dict, Optional, Set
 
 from mindgrpo.rewards.answers import (
     MARKDOWN_EMPHASIS,
@@ -206,6 +208,57 @@ def hash_format_reward(completion: str, gold: str = "", **_context: object) -> f
         if normalize_number(match["body"].strip(MARKDOWN_EMPHASIS)) is not None:
             return 1.0
     return 0.0
+
+
+# verl's geo3k format (verl/utils/reward_score/geo3k.py, format_reward), verbatim: the response opens with <think>,
+# closes it, and a \boxed{...} follows.
+_GEO3K_FORMAT = re.compile(r"<think>.*</think>.*\\boxed\{.*\}.*", re.DOTALL)
+GEO3K_FORMAT_WEIGHT = 0.1  # verl's compute_score(format_score=0.1): 0.9 x accuracy + 0.1 x format
+
+
+def last_boxed(text: str) -> Optional[str]:
+    """The content of the last `\\boxed{...}` (braces balanced), stripped; None without a closed one. The same
+    span as mathruler's `extract_boxed_content`, which verl's geo3k score uses."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        if depth < 0:
+            return text[begin:i].strip()
+    return None
+
+
+def latex_answers_equal(answer: str, gold: str) -> bool:
+    """Whether two final answers are the same mathematics, by math-verify (LaTeX parsed to SymPy): `\\frac{40}{3}`
+    = `40/3`, `60^\\circ` = `60`, `\\sqrt{48}` = `4\\sqrt{3}`, `25\\pi \\text{ cm}^2` = `25\\pi`; rounded decimals
+    (13.33 for 40/3) do not count. math-verify's own alarm-based time limits only work in the main thread; elsewhere
+    `reward_config.verifier_timeout` (worker processes) is what bounds a runaway simplification."""
+    from math_verify import parse, verify  # lazy: SymPy and the LaTeX parser take a second to import
+
+    limit = 5 if threading.current_thread() is threading.main_thread() else None
+    # math-verify extracts delimited LaTeX: each answer becomes one $...$ span
+    gold_parsed = parse(f"${gold.replace('$', '')}$", parsing_timeout=limit)
+    answer_parsed = parse(f"${answer.replace('$', '')}$", parsing_timeout=limit)
+    return bool(gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=limit))
+
+
+@register_verifier("geo3k_reward")
+def geo3k_reward(completion: str, gold: str, **_context: object) -> float:
+    """verl's geo3k score: 0.9 x accuracy + 0.1 x format, so 0.0, 0.1, 0.9 or 1.0.
+
+    Accuracy: the content of the last `\\boxed{}` equals `gold` under `latex_answers_equal` (verl grades with
+    mathruler; math-verify accepts the same forms and a few more, such as `60°` and `\\frac{2}{4}` = `\\frac12`).
+    Format: the whole completion is `<think>…</think>` followed by text containing `\\boxed{…}` (verl's regex).
+    """
+    if not isinstance(completion, str):
+        return 0.0
+    answer = last_boxed(completion)
+    gold_text = gold if isinstance(gold, str) else normalize_number(gold)
+    accurate = bool(answer and gold_text) and latex_answers_equal(answer, gold_text)
+    well_formed = _GEO3K_FORMAT.fullmatch(completion) is not None
+    return (1.0 - GEO3K_FORMAT_WEIGHT) * accurate + GEO3K_FORMAT_WEIGHT * well_formed
 
 
 register_verifier("accuracy")(accuracy_reward)

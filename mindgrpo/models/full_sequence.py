@@ -1,0 +1,49 @@
+"""The plain full-sequence forward over :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks`: every token of every
+(padded) row through the decoder, logits at every position, with image features in place of the
+``<|image_pad|>`` tokens and Qwen2.5-VL's 3-row M-RoPE positions.
+
+It is the forward for scoring whole sequences of a text or Qwen2.5-VL model (no prompt sharing, no KV cache), and
+the one the parity tests hold against transformers' ``Qwen2_5_VLForConditionalGeneration``
+(``tests/test_mrope.py``). The host prepares what depends on token values: the positions
+(:func:`mindgrpo.models.mrope.get_rope_index` for VL prompts, ``cumsum(mask) - 1`` for text) and which rows read
+image features (:func:`mindgrpo.models.image_tokens.image_source_rows`), so the graph has static shapes.
+"""
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import ParameterTuple, nn, ops
+
+from mindgrpo.models.image_tokens import merge_image_features
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights
+
+
+class FullSequenceForward(Qwen2Blocks):
+    """``(input_ids [B, S], attention_mask [B, S], position_ids, image_features=None, image_rows=None)`` -> float32
+    logits ``[B, S, V]`` (this rank's vocabulary slice under tensor parallelism).
+
+    * ``attention_mask``: 1 on real tokens (padding on either side); attention is causal within each row.
+    * ``position_ids``: int32 ``[B, S]`` (plain RoPE) or ``[3, B, S]`` (M-RoPE t/h/w rows; a Qwen2.5-VL model),
+      all below ``max_positions``.
+    * ``image_features``: the vision tower's merged features ``[N, hidden]``; ``image_rows`` int32 ``[B * S]`` from
+      :func:`~mindgrpo.models.image_tokens.image_source_rows`. Both None for text.
+
+    Logits at padding positions are finite but meaningless (their queries see no real key).
+    """
+
+    def __init__(self, model: nn.Cell, max_positions: int):
+        super().__init__(Qwen2Weights(model), max_positions, ParameterTuple(()))
+
+    def construct(self, input_ids, attention_mask, position_ids, image_features=None, image_rows=None):
+        b, s = input_ids.shape
+        x = self._embed_rows(input_ids.reshape((-1,)))
+        if image_features is not None:
+            x = merge_image_features(x, self._compute(image_features), image_rows)
+        if position_ids.ndim == 3:
+            cos, sin = self._mrope_rows(position_ids.reshape((3, b * s)))
+        else:
+            cos, sin = self._rope_rows(position_ids.reshape((-1,)))
+        bias = self._causal_bias_rows(ops.cast(attention_mask, ms.int32), s)
+        for i in range(self.num_layers):
+            q, k, v = self._qkv_rows(i, x, cos, sin)
+            x = self._mlp_rows(i, self._attention_out_rows(i, x, self._causal_attention_rows(q, k, v, bias, b, s)))
+        return self._logits_rows(x).reshape((b, s, -1))
