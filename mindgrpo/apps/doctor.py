@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
@@ -36,7 +35,7 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 import mindgrpo
 from mindgrpo import _env
-from mindgrpo.ops.ascend import ASCEND_ONLY
+from mindgrpo.ops.ascend import ASCEND_ONLY, vllm_installed
 
 MSRUN_DEFAULT_PORT = 8118  # msrun's own default --master_port
 PINNED = ("mindspore", "mindformers", "numpy")  # reported on their own lines; other requirements share one
@@ -408,7 +407,7 @@ def check_backend(config, device: str) -> Iterator[Check]:
         if device != "Ascend":
             yield Check("FAIL", "rollout backend", f"vllm needs Ascend NPUs; this run is on {device}",
                         "generate_config.backend=native (or run on an Ascend host)")
-        elif importlib.util.find_spec("vllm_mindspore") is None:
+        elif not vllm_installed():
             yield Check("FAIL", "rollout backend", "vllm selected but vllm-mindspore is not installed",
                         'pip install "mindgrpo[ascend]"')
         else:

@@ -29,6 +29,7 @@ device target) are checked by :mod:`mindgrpo.config` and run on CPU too.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shlex
 import shutil
@@ -49,6 +50,11 @@ ASCEND_SOURCE_DIR = KERNEL_DIR / "ascend"
 MISSING_VLLM = ("the 'vllm' rollout backend needs the vllm-mindspore package, which runs only on Ascend NPUs "
                 "(it does not import on CPU machines); install it on an Ascend machine with "
                 "`pip install mindgrpo[ascend]`, or choose the 'native' backend")
+
+
+def vllm_installed() -> bool:
+    """Whether vllm-mindspore is installed, without importing it (its import fails off Ascend)."""
+    return importlib.util.find_spec("vllm_mindspore") is not None
 
 
 def import_vllm() -> Any:
