@@ -400,6 +400,23 @@ def test_model_whose_vocabulary_does_not_fit_the_tokenizer_is_refused(tmp_path, 
         GRPOTrainer(cfg)
 
 
+def test_vision_language_model_is_refused_before_training(tmp_path, prompts, demo_plain, no_model_build):
+    """Qwen2.5-VL scores and exports, but the trainer does not run its vision tower yet: refused up front, in the
+    nested config spelling transformers 4.57 saves (no top-level vocab_size)."""
+    from mindgrpo.data import DataError
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    vl = _copy_model(demo_plain, tmp_path / "vl")
+    text = json.loads((vl / "config.json").read_text(encoding="utf-8"))
+    head_half = text["hidden_size"] // text["num_attention_heads"] // 2
+    text["rope_scaling"] = {"type": "mrope", "mrope_section": [head_half - 2 * (head_half // 3)] + [head_half // 3] * 2}
+    (vl / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "text_config": text}), encoding="utf-8")
+    cfg = make_config(tmp_path / "run", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
+    with pytest.raises(DataError, match=rf"actor_config.load = {vl} is a qwen2_5_vl \(vision-language\) model: "
+                                        r"GRPO training of Qwen2.5-VL is not available yet"):
+        GRPOTrainer(cfg)
+
+
 def test_empty_or_too_small_dataset_is_refused(tmp_path, demo_plain, no_model_build, capsys):
     from mindgrpo.data import DataError
     from mindgrpo.train.trainer import GRPOTrainer

@@ -37,13 +37,20 @@ def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: Prom
                         f"{rl.max_prompt_length}: raise rl_config.max_prompt_length to {longest} (and seq_length to "
                         f"match), or {hint} --max_prompt_length {rl.max_prompt_length}")
     _check_same_tokenizer(dataset, tokenizer, config.tokenizer_dir, hint)
-    from mindgrpo.models.hf_config import read_hf_config  # lazy: keeps this module free of MindFormers imports
+    from mindgrpo.models.hf_config import VL_MODEL_TYPES, read_hf_config  # lazy: no MindFormers imports here
 
     models = [("actor_config.load", config.actor_config.load)]
     if rl.beta > 0 and config.ref_load != config.actor_config.load:  # beta = 0 never builds the reference
         models.append(("ref_config.load", config.ref_load))
     for key, model_dir in models:
-        vocab = int(read_hf_config(model_dir)["vocab_size"])
+        hf = read_hf_config(model_dir)
+        if hf.get("model_type") in VL_MODEL_TYPES:
+            # the trainer does not yet run the vision tower or take image prompts: refuse before hours of text-only
+            # training that would end in an export without the tower
+            raise DataError(f"{key} = {model_dir} is a {hf['model_type']} (vision-language) model: GRPO training of "
+                            "Qwen2.5-VL is not available yet (mindgrpo.logprobs scores and mindgrpo.models exports "
+                            "it); point it at a text Qwen2/Qwen2.5 folder")
+        vocab = int(hf["vocab_size"])
         highest = max(tokenizer.vocab_size - 1, int(dataset.input_ids.max()))
         if highest >= vocab:
             raise DataError(f"{key} = {model_dir}: the model's vocab_size is {vocab}, but the tokenizer in "

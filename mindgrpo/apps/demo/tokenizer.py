@@ -18,14 +18,19 @@ VOCAB_SIZE = 640  # upper bound, special tokens included; the demo corpus needs 
 _SYSTEM_TURN = "system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.\n"  # chat default
 
 
+# The text templates the demo's tokenizer learns its words from: a fixed list, not every template mindgrpo has, so a
+# template added later (geo3k's) does not change the demo's vocabulary, and with it every cached demo (RECIPE_VERSION).
+CORPUS_TEMPLATES = ("r1_zero", "gsm8k_hash", "chatml", "raw")
+
+
 def _tokenizer_corpus(rows: Sequence[dict]) -> List[str]:
-    """Every text the demo puts through the tokenizer: rows in each prompt template and the chat template's default
-    system turn, so prompts tokenize into whole words rather than bytes."""
+    """Every text the demo puts through the tokenizer: rows in each text prompt template and the chat template's
+    default system turn, so prompts tokenize into whole words rather than bytes."""
     from mindgrpo.data import PROMPT_TEMPLATES
 
     texts = []
     for row in rows:
-        for template in PROMPT_TEMPLATES.values():
+        for template in (PROMPT_TEMPLATES[name] for name in CORPUS_TEMPLATES):
             prompt = template.render(row["question"])
             for special in SPECIAL_TOKENS:  # special tokens are added after training: keep them out of the merges
                 prompt = prompt.replace(special, "\n")
