@@ -236,3 +236,101 @@ def test_safetensors_reader_rejects_damaged_files(tmp_path):
     (tmp_path / "junk.safetensors").write_bytes(b"\xff" * 64)
     with pytest.raises(SafetensorsError, match=r"junk\.safetensors: header length"):
         SafetensorsReader(tmp_path / "junk.safetensors")
+
+
+# ------------------------------------------------------------------------------------------------ Qwen2.5-VL export
+def _vl_logits(folder, ref):
+    model, info = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(
+        folder, dtype=torch.float32, attn_implementation="eager", output_loading_info=True)
+    assert not any(info.values()), info  # no missing (e.g. a random vision tower) / unexpected / mismatched keys
+    with torch.no_grad():
+        return model.eval()(input_ids=torch.tensor(ref["input_ids"]),
+                            attention_mask=torch.tensor(ref["attention_mask"]),
+                            pixel_values=torch.tensor(ref["pixel_values"]),
+                            image_grid_thw=torch.tensor(ref["image_grid_thw"])).logits.numpy()
+
+
+def _vl_model(vl_dir):
+    from mindgrpo.models.scoring import SequenceScorer
+
+    return SequenceScorer(vl_dir)  # the language model (.model) and vision tower (.vision_tower) of the folder
+
+
+@pytest.mark.parametrize("spelling", ["config.json", "config_hub_style.json"])
+def test_vl_export_loads_in_transformers_with_same_logits(tmp_path, spelling):
+    """A Qwen2.5-VL model (language model + vision tower) exported with either config spelling: transformers'
+    Qwen2_5_VLForConditionalGeneration loads it strictly and, with images, gives the original folder's logits;
+    the processor files come along, so the image processor reproduces the fixture's pixel_values."""
+    from PIL import Image
+
+    from conftest import shared_path
+
+    vl_dir = shared_path("fixtures", "tiny-qwen2.5-vl")
+    ref = dict(np.load(vl_dir / "reference.npz"))
+    real = ref["attention_mask"].astype(bool)
+    scorer = _vl_model(vl_dir)
+    config = json.loads((vl_dir / spelling).read_text())
+    out = export_hf(scorer.model, tmp_path / "vl", hf_config=config, tokenizer_dir=vl_dir,
+                    vision_tower=scorer.vision_tower)
+
+    assert {p.name for p in out.iterdir()} == {
+        "config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+        "vocab.json", "merges.txt", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+        "preprocessor_config.json"}
+    names = set(SafetensorsReader(out / "model.safetensors").keys())
+    assert names == set(SafetensorsReader(vl_dir / "model.safetensors").keys())  # the hub layout, every tensor
+    assert json.loads((out / "config.json").read_text()) == {**config, "torch_dtype": "float32"}
+
+    exported, original = _vl_logits(out, ref), _vl_logits(vl_dir, ref)
+    error = np.abs(exported - original)[real].max()
+    print(f"Qwen2.5-VL export ({spelling}): max |logits - original folder's| = {error:.3g}")
+    assert error <= 1e-5
+    assert np.abs(original - ref["logits"])[real].max() <= 1e-4  # and the original is the fixture's reference
+
+    processor = transformers.AutoImageProcessor.from_pretrained(out, use_fast=False)
+    images = [Image.open(vl_dir / f"image_{k}.png").convert("RGB") for k in range(2)]
+    pixels = processor(images=images, return_tensors="np")
+    np.testing.assert_array_equal(pixels["image_grid_thw"], ref["image_grid_thw"])
+    np.testing.assert_allclose(pixels["pixel_values"], ref["pixel_values"], atol=1e-6)
+
+
+def test_vl_export_writes_the_live_weights_and_refuses_a_missing_tower(tmp_path):
+    """After changing the language model's and the vision tower's weights, transformers' log-probs of the export
+    are mindgrpo's (so the live weights of both are written), not the original folder's. A Qwen2.5-VL config needs
+    the tower, a text config refuses one, and a tower the config does not describe is refused."""
+    from conftest import shared_path
+    from mindgrpo.models.vision import vision_parameters
+    from mindgrpo.models.weights import host_array
+
+    vl_dir = shared_path("fixtures", "tiny-qwen2.5-vl")
+    ref = dict(np.load(vl_dir / "reference.npz"))
+    scorer = _vl_model(vl_dir)
+    config = read_hf_config(vl_dir)
+    rng = np.random.default_rng(2)
+    load_state_dict_hf(scorer.model, {k: v + rng.normal(0, 0.02, v.shape)
+                                      for k, v in state_dict_hf(scorer.model).items()})
+    for param in vision_parameters(scorer.vision_tower).values():
+        value = host_array(param)
+        param.set_data(Tensor(value + rng.normal(0, 0.02, value.shape).astype(np.float32)))
+    out = export_hf(scorer.model, tmp_path / "changed", hf_config=config, vision_tower=scorer.vision_tower)
+
+    logits = _vl_logits(out, ref)
+    top = logits.max(-1, keepdims=True)
+    log_p = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+    theirs = np.take_along_axis(log_p[:, :-1], ref["input_ids"][:, 1:, None], -1)[..., 0]
+    ours = scorer(ref["input_ids"], ref["attention_mask"], ref["pixel_values"], ref["image_grid_thw"],
+                  mode="pynative")
+    real = ref["token_logprobs_mask"].astype(bool)
+    assert np.abs(theirs - ours)[real].max() <= 1e-4
+    assert np.abs(theirs - ref["token_logprobs"])[real].max() > 1e-2
+
+    with pytest.raises(ValueError, match="Qwen2.5-VL model but there are no vision tower weights: pass vision_tower="):
+        export_hf(scorer.model, tmp_path / "bad", hf_config=config)
+    with pytest.raises(ValueError, match="vision_config does not describe this vision tower: it says depth=3"):
+        export_hf(scorer.model, tmp_path / "bad", hf_config={**config, "vision_config": {
+            **config["vision_config"], "depth": 3, "fullatt_block_indexes": [1]}}, vision_tower=scorer.vision_tower)
+    text_dir = shared_path("fixtures", "tiny-qwen2.5")
+    text_model = build_model(text_dir)
+    with pytest.raises(ValueError, match="describes a text model .model_type='qwen2'. but the weights hold a vision"):
+        export_hf(text_model, tmp_path / "bad", hf_config=read_hf_config(text_dir), vision_tower=scorer.vision_tower)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["changed"]

@@ -1,9 +1,15 @@
-"""Export a model back to a Hugging Face folder that ``transformers.AutoModelForCausalLM.from_pretrained`` loads.
+"""Export a model back to a Hugging Face folder that ``transformers.AutoModelForCausalLM.from_pretrained`` loads
+(``Qwen2_5_VLForConditionalGeneration.from_pretrained`` for a Qwen2.5-VL model).
 
 Written: ``config.json`` (the source config with the stored dtype updated), the weights under HF names (tied models:
 no ``lm_head.weight``, as ``save_pretrained`` does), ``generation_config.json`` (given, or copied from
-``tokenizer_dir``), and the tokenizer files of ``tokenizer_dir``. Everything goes to a hidden temporary folder next
-to ``out_dir`` that is renamed into place at the end, so a crash never leaves a half-written model behind.
+``tokenizer_dir``), and the tokenizer and image-processor files of ``tokenizer_dir``. Everything goes to a hidden
+temporary folder next to ``out_dir`` that is renamed into place at the end, so a crash never leaves a half-written
+model behind.
+
+A Qwen2.5-VL model (its config.json says ``qwen2_5_vl``; either spelling of that config) is written in the hub layout
+every transformers version reads: the language model under ``model.*`` / ``lm_head.weight``, as for Qwen2, and the
+vision tower (``export_hf(..., vision_tower=)``) under ``visual.*``.
 
 The weights go to one ``model.safetensors`` when they fit ``max_shard_size``, else to shards
 ``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes},
@@ -32,11 +38,15 @@ import mindspore as ms
 from mindgrpo.models.hf_config import (CONFIG_FILE, GENERATION_CONFIG_FILE, check_dtype, qwen2_spec,
                                        read_generation_config)
 from mindgrpo.models.safetensors_io import write_safetensors
-from mindgrpo.models.weights import INDEX_FILE, SINGLE_FILE, hf_parameters, host_array
+from mindgrpo.models.vision import vision_parameters, vision_spec
+from mindgrpo.models.weights import INDEX_FILE, SINGLE_FILE, VISION_PREFIXES, hf_parameters, host_array
 
 PathLike = Union[str, Path]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt", "special_tokens_map.json",
                    "added_tokens.json", "chat_template.jinja", "chat_template.json")
+# a Qwen2.5-VL folder's image/video processor settings: without them AutoProcessor cannot load the export
+PROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+VISION_PREFIX = "visual."  # the hub layout's vision tower prefix (transformers >= 4.52 also reads it)
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # save_pretrained's default
 _SIZE_UNITS = {"KB": 10 ** 3, "MB": 10 ** 6, "GB": 10 ** 9, "TB": 10 ** 12,  # decimal, as huggingface_hub
                "KIB": 2 ** 10, "MIB": 2 ** 20, "GIB": 2 ** 30, "TIB": 2 ** 40, "B": 1}
@@ -105,20 +115,57 @@ def _check_fits(shapes: Mapping[str, Sequence[int]], hf_config: Mapping) -> None
                          f"hidden_size={spec.hidden_size}, num_hidden_layers={spec.num_hidden_layers}, "
                          f"tie_word_embeddings={spec.tie_word_embeddings}; the model has embeddings {embed}, "
                          f"{layers} layers, tied={tied}. Pass the config.json the model was built from")
+    vision = [name for name in shapes if name.startswith(VISION_PREFIXES)]
+    if not spec.mrope_section:
+        if vision:
+            raise ValueError(f"hf_config describes a text model (model_type={hf_config.get('model_type')!r}) but the "
+                             f"weights hold a vision tower ({vision[0]}, ...); pass the Qwen2.5-VL config.json")
+        return
+    _check_vision_fits(shapes, hf_config)
+
+
+def _check_vision_fits(shapes: Mapping[str, Tuple[int, ...]], hf_config: Mapping) -> None:
+    """A Qwen2.5-VL config needs the vision tower's weights, under ``visual.*``, of the shape its vision_config
+    gives (depth, patch embedding, merger output); without them from_pretrained would initialise a random tower."""
+    vision = vision_spec(hf_config, source="hf_config")
+    names = [name for name in shapes if name.startswith(VISION_PREFIXES)]
+    if not names:
+        raise ValueError("hf_config describes a Qwen2.5-VL model but there are no vision tower weights: pass "
+                         "vision_tower= (mindgrpo.models.vision.build_vision_tower) to export_hf")
+    misplaced = [name for name in names if not name.startswith(VISION_PREFIX)]
+    if misplaced:
+        raise ValueError(f"vision weights must be named {VISION_PREFIX}* (the hub layout, beside model.* and "
+                         f"lm_head.weight), got {misplaced[0]}")
+    depth = 1 + max((int(name.split(".")[2]) for name in names if name.startswith("visual.blocks.")), default=-1)
+    patch = tuple(shapes.get("visual.patch_embed.proj.weight", ()))
+    merger = tuple(shapes.get("visual.merger.mlp.2.weight", ()))
+    expected_patch = (vision.hidden_size, vision.in_channels, vision.temporal_patch_size, vision.patch_size,
+                      vision.patch_size)
+    expected_merger = (vision.out_hidden_size, vision.hidden_size * vision.merge_unit)
+    if depth != vision.depth or patch != expected_patch or merger != expected_merger:
+        raise ValueError(f"hf_config's vision_config does not describe this vision tower: it says depth="
+                         f"{vision.depth}, patch embedding {expected_patch}, merger output {expected_merger}; the "
+                         f"tower has {depth} blocks, {patch or 'no patch embedding'}, "
+                         f"{merger or 'no merger'}. Pass the config.json the tower was built from")
 
 
 def export_hf(model: ms.nn.Cell, out_dir: PathLike, *, hf_config: Mapping, tokenizer_dir: Optional[PathLike] = None,
               generation_config: Optional[Mapping] = None, dtype: str = "float32", overwrite: bool = False,
-              max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE) -> Path:
+              max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE,
+              vision_tower: Optional[ms.nn.Cell] = None) -> Path:
     """Write ``model`` (whose Parameters hold full tensors) as a Hugging Face folder at ``out_dir`` (atomically)
     and return its path.
 
     ``hf_config`` is the source ``config.json`` dict (``read_hf_config``); ``dtype`` (float32/bfloat16/float16) is
     the storage type of the weights; ``max_shard_size`` (bytes, or a string like ``"5GB"``) is the largest
     safetensors file before the weights are split into shards. ``overwrite=True`` replaces an existing folder,
-    else that is an error.
+    else that is an error. ``vision_tower`` (a Qwen2.5-VL model's
+    :class:`~mindgrpo.models.vision.Qwen2_5VisionTower`) is required when ``hf_config`` is a Qwen2.5-VL config and
+    refused otherwise; its weights are written after the language model's, as ``visual.*``.
     """
     params = hf_parameters(model)
+    if vision_tower is not None:
+        params.update({VISION_PREFIX + name: param for name, param in vision_parameters(vision_tower).items()})
     return export_hf_arrays(out_dir, {name: tuple(p.shape) for name, p in params.items()},
                             lambda name: host_array(params[name]), hf_config=hf_config, tokenizer_dir=tokenizer_dir,
                             generation_config=generation_config, dtype=dtype, overwrite=overwrite,
@@ -152,16 +199,14 @@ def export_hf_arrays(out_dir: PathLike, shapes: Mapping[str, Sequence[int]], fet
             raise FileNotFoundError(f"no tokenizer files ({', '.join(TOKENIZER_FILES[:4])}, ...) in {tokenizer_dir}")
         if generation_config is None:
             generation_config = read_generation_config(tokenizer_dir)
+        tokenizer_files += [Path(tokenizer_dir) / name for name in PROCESSOR_FILES
+                            if (Path(tokenizer_dir) / name).is_file()]
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     tmp.mkdir()
     try:
-        config = dict(hf_config)
-        config["torch_dtype"] = dtype  # transformers 4.x reads torch_dtype, 5.x writes dtype: keep both honest
-        if "dtype" in config:
-            config["dtype"] = dtype
-        _write_json(tmp / CONFIG_FILE, config)
+        _write_json(tmp / CONFIG_FILE, _with_dtype(hf_config, dtype))
         if generation_config is not None:
             _write_json(tmp / GENERATION_CONFIG_FILE, generation_config)
         for path in tokenizer_files:
@@ -172,6 +217,21 @@ def export_hf_arrays(out_dir: PathLike, shapes: Mapping[str, Sequence[int]], fet
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _with_dtype(hf_config: Mapping, dtype: str) -> dict:
+    """The config with its stored dtype set to ``dtype``: transformers 4.x reads ``torch_dtype``, 5.x writes
+    ``dtype``: keep both honest, also in a Qwen2.5-VL config's ``text_config`` / ``vision_config`` (copied, so the
+    caller's dict is untouched)."""
+    config = dict(hf_config)
+    config["torch_dtype"] = dtype
+    if "dtype" in config:
+        config["dtype"] = dtype
+    for group in ("text_config", "vision_config"):
+        if isinstance(config.get(group), Mapping):
+            config[group] = {key: dtype if key in ("torch_dtype", "dtype") else value
+                             for key, value in config[group].items()}
+    return config
 
 
 def _write_weights(folder: Path, shapes: Dict[str, Tuple[int, ...]], fetch: Callable[[str], np.ndarray], dtype: str,

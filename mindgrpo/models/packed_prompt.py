@@ -14,6 +14,8 @@ Positions are given per token (the prompt's real length + t), and ``source`` nam
 each token (the previous token of its segment, the prompt's last for its first), so the logits, log-probs and
 gradients are those of the padded forward (``tests/test_packing.py``). The blocks are :class:`Qwen2Blocks`'
 row-major ones, tensor-parallel like the shared forward's, and ``recompute`` marks each layer as there.
+Qwen2.5-VL prompts take their M-RoPE positions and image features in their slots, as the shared forward's
+(:class:`~mindgrpo.models.shared_prompt.PromptBlocks`).
 """
 from __future__ import annotations
 
@@ -21,13 +23,20 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
+from mindgrpo.models.shared_prompt import PromptBlocks
 
 
-class PackedPromptForward(Qwen2Blocks):
+class PackedPromptForward(PromptBlocks):
     """``(prompt_ids [S, P], prompt_mask [S, P], completion_ids [R, W], positions [R, W], segments [R, W],
     row_prompt [R], source [R * W])`` -> logits ``[R, W, V]`` (see :class:`mindgrpo.train.packing.MicroBatch`).
 
     A row's unused tail (segment 0) attends to itself and is scored like any token; its log-probs are never read.
+
+    Qwen2.5-VL slots add ``prompt_positions`` int32 ``[3, S, P]`` (:func:`~mindgrpo.models.mrope.get_rope_index` of
+    the slots' prompts) and, when they hold images, ``image_features [N, hidden]`` (the slots' images in slot order)
+    with ``image_rows`` int32 ``[S * P]`` (:func:`~mindgrpo.models.image_tokens.image_source_rows` of
+    ``prompt_ids``). ``positions`` then continue each prompt's ``rope_delta`` (``P + rope_delta + t``), which the
+    host computes as it computes the text ones.
     """
 
     def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False):
@@ -38,12 +47,19 @@ class PackedPromptForward(Qwen2Blocks):
             for layer in self.layers:
                 layer.recompute()
 
-    def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source):
+    def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
+                  prompt_positions=None, image_features=None, image_rows=None):
         r, w = completion_ids.shape
         valid = ops.cast(prompt_mask, ms.int32)
-        prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
-        cos, sin = self._rope_rows(ops.concat((prompt_pos.reshape((-1,)), positions.reshape((-1,)))))
-        x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+        if prompt_positions is None:
+            prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
+            cos, sin = self._rope_rows(ops.concat((prompt_pos.reshape((-1,)), positions.reshape((-1,)))))
+            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+        else:
+            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows)
+            completion_cos, completion_sin = self._rope_rows(positions.reshape((-1,)))
+            cos, sin = ops.concat((cos, completion_cos)), ops.concat((sin, completion_sin))
+            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)))))
         bias_prompt = self._causal_bias_rows(valid, prompt_ids.shape[1])
         bias_completion = self._packed_bias(valid, segments, row_prompt)
         for layer in self.layers:

@@ -12,8 +12,11 @@ must not and no key/value is repeated:
   at once) and causally to their own completion; one softmax runs over both parts.
 
 Positions continue each prompt's real length (``prompt_len + t`` for completion token ``t``), as in an unshared
-left-padded row. The result is the float32 logits at the positions that predict each completion token (the
-prompt's last token for ``t = 0``), so the vocabulary is projected only where log-probs are needed. The math is
+left-padded row. Qwen2.5-VL prompts come with their M-RoPE positions and image features instead (see
+:class:`PromptBlocks`): the vision tower's output enters once per prompt, not once per completion.
+
+The result is the float32 logits at the positions that predict each completion token (the prompt's last token for
+``t = 0``), so the vocabulary is projected only where log-probs are needed. The math is
 :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks` over the model's own Parameters, so gradients reach them and the
 log-probs equal the unshared MindFormers forward (``tests/test_shared_prompt.py``).
 
@@ -30,16 +33,48 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
+from mindgrpo.models.image_tokens import merge_image_features
 from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
 
 
-class SharedPromptForward(Qwen2Blocks):
+class PromptBlocks(Qwen2Blocks):
+    """:class:`Qwen2Blocks` plus the prompt rows of a Qwen2.5-VL prompt, for the forwards that compute each prompt
+    once (this one and :class:`~mindgrpo.models.packed_prompt.PackedPromptForward`).
+
+    A VL prompt's tokens read the vision tower's merged features at its ``<|image_pad|>`` tokens
+    (:func:`~mindgrpo.models.image_tokens.merge_image_features`, a gather, so gradients reach the features and a
+    trainable tower could learn) and are rotated by their 3-row t/h/w positions
+    (:func:`~mindgrpo.models.mrope.get_rope_index`). Completions are text: their three position rows are equal,
+    which is exactly the 1-row RoPE lookup, so the callers rotate them by 1-row positions continuing from the
+    prompt's ``rope_delta`` (``P + rope_delta + t`` for completion token ``t`` after a prompt padded to ``P``,
+    as transformers' ``generate`` decodes).
+    """
+
+    def _vl_prompt_rows(self, prompt_ids, prompt_positions, image_features, image_rows):
+        """Embeddings ``[S * P, hidden]`` and cos/sin of the prompts' rows: ``prompt_positions`` int32
+        ``[3, S, P]``; ``image_features [N, hidden]`` with ``image_rows`` int32 ``[S * P]`` from
+        :func:`~mindgrpo.models.image_tokens.image_source_rows` over ``prompt_ids`` (both None: no image)."""
+        s, p = prompt_ids.shape
+        x = self._embed_rows(prompt_ids.reshape((-1,)))
+        if image_features is not None:
+            x = merge_image_features(x, self._compute(image_features), image_rows)
+        cos, sin = self._mrope_rows(prompt_positions.reshape((3, s * p)))
+        return x, cos, sin
+
+
+class SharedPromptForward(PromptBlocks):
     """``(prompt_ids [NG, P], prompt_mask [NG, P], completion_ids [NG * G, T])`` -> logits ``[NG * G, T, V]``.
 
     ``prompt_mask`` is 1 on real prompt tokens (prompts left-padded); completion ``i`` belongs to prompt
     ``i // G``. Completion padding after EOS needs no mask: a completion's pads are seen only by its own later
     pads, whose log-probs the loss masks out anyway. ``recompute`` recomputes each decoder layer in the backward
     instead of keeping its activations (same gradients, one more forward of the layers, far less memory).
+
+    Qwen2.5-VL prompts (each distinct prompt once, as the text ones) add ``prompt_positions`` int32 ``[3, NG, P]``
+    and ``rope_deltas`` int32 ``[NG]`` or ``[NG, 1]`` (both from :func:`~mindgrpo.models.mrope.get_rope_index`),
+    and when they hold images ``image_features [N, hidden]`` (the vision tower's output for their images, in
+    prompt order) with ``image_rows`` int32 ``[NG * P]`` (:func:`~mindgrpo.models.image_tokens.image_source_rows`
+    of ``prompt_ids``). Without them the call is the text forward, unchanged.
     """
 
     def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False):
@@ -52,18 +87,27 @@ class SharedPromptForward(Qwen2Blocks):
             for layer in self.layers:
                 layer.recompute()
 
-    def construct(self, prompt_ids, prompt_mask, completion_ids):
+    def construct(self, prompt_ids, prompt_mask, completion_ids, prompt_positions=None, rope_deltas=None,
+                  image_features=None, image_rows=None):
         ng, p = prompt_ids.shape
         n, t = completion_ids.shape
         g = self.num_generations
         valid = ops.cast(prompt_mask, ms.int32)
-        prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
-        lengths = ops.cast(valid.sum(1), ms.int32)
-        completion_pos = ops.tile(lengths.reshape((ng, 1)), (1, g * t)) + ops.tile(
-            ops.arange(t, dtype=ms.int32).reshape((1, t)), (ng, g))
-        positions = ops.concat((prompt_pos.reshape((-1,)), completion_pos.reshape((-1,))))
-        cos, sin = self._rope_rows(positions)
-        x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+        steps = ops.tile(ops.arange(t, dtype=ms.int32).reshape((1, t)), (ng, g))
+        if prompt_positions is None:
+            prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
+            lengths = ops.cast(valid.sum(1), ms.int32)
+            completion_pos = ops.tile(lengths.reshape((ng, 1)), (1, g * t)) + steps
+            positions = ops.concat((prompt_pos.reshape((-1,)), completion_pos.reshape((-1,))))
+            cos, sin = self._rope_rows(positions)
+            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+        else:
+            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows)
+            # completion token t sits at index P + t of the padded [prompt | completion] row
+            starts = ops.cast(rope_deltas, ms.int32).reshape((ng, 1)) + p
+            completion_cos, completion_sin = self._rope_rows((ops.tile(starts, (1, g * t)) + steps).reshape((-1,)))
+            cos, sin = ops.concat((cos, completion_cos)), ops.concat((sin, completion_sin))
+            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)))))
         bias_prompt = self._causal_bias_rows(valid, p)
         bias_completion = self._completion_bias(valid, p, t)
         for layer in self.layers:

@@ -1,7 +1,8 @@
 """Rollout engines: sample ``num_generations`` completions per prompt from the current policy.
 
 One interface (:class:`RolloutEngine`: ``generate(prompts, SamplingParams) -> RolloutResult`` and
-``sync_weights()``) with three backends chosen by name in :func:`build_rollout_engine`:
+``sync_weights()``; Qwen2.5-VL prompts pass their images as :class:`PromptImages`) with three backends chosen by
+name in :func:`build_rollout_engine`:
 
 * ``native`` (default, CPU and Ascend): KV-cache decoding in MindSpore GRAPH mode over the actor's own
   Parameters; no weight copy, several times faster than MindFormers' cache-less ``generate`` on CPU.
@@ -13,10 +14,10 @@ from __future__ import annotations
 from typing import Any
 
 from mindgrpo.algorithm.registry import ROLLOUT_BACKENDS
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutEngine, RolloutResult,
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutEngine, RolloutResult,
                                   SamplingParams)
 
-__all__ = ["FINISH_LENGTH", "FINISH_STOP", "RolloutEngine", "RolloutResult", "SamplingParams",
+__all__ = ["FINISH_LENGTH", "FINISH_STOP", "PromptImages", "RolloutEngine", "RolloutResult", "SamplingParams",
            "build_rollout_engine"]
 
 

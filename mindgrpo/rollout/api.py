@@ -91,12 +91,31 @@ class RolloutResult:
         return int(self.completion_mask.sum())
 
 
+@dataclass(frozen=True, eq=False)
+class PromptImages:
+    """The images of one Qwen2.5-VL prompt, as its language model reads them. The caller runs the vision tower once
+    per prompt (``Qwen2_5VisionTower.embed_images``), not once per sample: the engine prefills the prompt once and
+    every one of its ``num_generations`` samples continues that prefill.
+
+    The prompt holds each image as ``<|vision_start|>`` followed by one ``<|image_pad|>`` per merged patch; the
+    engine puts the feature rows in place of those tokens, in order, and computes the M-RoPE positions from
+    ``image_grid_thw`` (:func:`mindgrpo.models.mrope.get_rope_index`). Compared by identity (``eq=False``): a
+    prompt's samples share one object."""
+    features: np.ndarray
+    """float [image tokens, hidden]: the vision tower's merged features of the prompt's images, in their order."""
+    image_grid_thw: np.ndarray
+    """int [images, 3]: each image's (t, h, w) patch grid, as the image processor gives it."""
+
+
 @runtime_checkable
 class RolloutEngine(Protocol):
     """A rollout backend (``native``, ``mindformers`` or ``vllm``)."""
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
-        """Sample ``params.num_generations`` completions for each prompt (lists of token ids, any lengths)."""
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+        """Sample ``params.num_generations`` completions for each prompt (lists of token ids, any lengths).
+        ``images`` (Qwen2.5-VL, ``native`` backend only): one entry per prompt, its :class:`PromptImages` or None
+        for a text-only prompt; None for a text-only call."""
 
     def sync_weights(self) -> None:
         """Make the next ``generate`` use the actor's current weights."""
@@ -120,6 +139,13 @@ def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_
     if bad_stops:
         raise ValueError(f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab_size})")
     return check_prompts(prompts, max_prompt_length, vocab_size)
+
+
+def refuse_images(images: Optional[Sequence[Optional[PromptImages]]], backend: str) -> None:
+    """A clear error when a backend without Qwen2.5-VL support is given images."""
+    if images is not None and any(entry is not None for entry in images):
+        raise NotImplementedError(f"the {backend} rollout backend takes text prompts only; Qwen2.5-VL prompts with "
+                                  "images need rollout_backend: native")
 
 
 def check_prompts(prompts: Sequence[Sequence[int]], max_prompt_length: int, vocab_size: int) -> List[List[int]]:

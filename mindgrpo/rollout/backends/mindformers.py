@@ -28,8 +28,8 @@ import numpy as np
 
 from mindspore import Tensor, nn
 
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
-                                  check_request, eos_tuple, generate_in_chunks)
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
+                                  check_request, eos_tuple, generate_in_chunks, refuse_images)
 from mindgrpo.rollout.backends.native import graph_mode
 from mindgrpo.models.qwen2_blocks import find_causal_lm
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
@@ -120,7 +120,9 @@ class MindFormersRolloutEngine:
             from mindgrpo.models import sync_weights
             sync_weights(self.actor, self.model)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+        refuse_images(images, "mindformers")
         prompts = check_request(prompts, params, self.max_prompt_length, self.vocab_size)
         for i, prompt in enumerate(prompts):
             if self.pad_token_id in prompt:

@@ -34,6 +34,17 @@ matrix-vector kernel, which rounds differently, hence ``min_decode_batch >= 2``)
 randomness whether the row is live or not (:class:`~mindgrpo.rollout.sampler.TokenSampler`), so tokens and log-probs
 equal those of decoding every row to the end (``compact=False``).
 
+Qwen2.5-VL prompts (``generate(..., images=...)``, one :class:`~mindgrpo.rollout.api.PromptImages` per prompt with
+images) take the same path. The host computes each prompt's M-RoPE positions once
+(:func:`~mindgrpo.models.mrope.get_rope_index`); the prefill puts the image features in place of the
+``<|image_pad|>`` tokens and rotates by the three position rows; a bucket's feature input holds ``P x S`` rows (as
+many as the prompt batch has tokens), so image counts and sizes never change a compiled shape. Decoding is
+unchanged: every generated token is text, whose three position rows are equal, so decode positions are plain
+1-row positions that continue from each prompt's last position + 1 (``index + rope_delta``,
+:func:`~mindgrpo.models.mrope.decode_position_ids`) instead of from its length; the decode graphs and the fused
+kernels take positions per row and only their values change. Prompts with images are never merged with one
+another (two images may give the same tokens), so each is prefilled once for its ``num_generations`` samples.
+
 The graphs run in GRAPH mode even when the process is in PyNative mode: on MindSpore 2.9 a ``@jit`` graph in
 PyNative mode keeps the tensor a Parameter had when it was compiled, so a later ``set_data`` (checkpoint load,
 ``mindgrpo.models.sync_weights``) never reaches it, while a GRAPH-mode Cell reads the live Parameter after
@@ -54,8 +65,11 @@ from mindspore import Tensor, nn
 
 from mindgrpo.algorithm.registry import DECODE_IMPLS, canonical
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams, check_prompts,
-                                  check_request, eos_tuple, generate_in_chunks)
+from mindgrpo.models.image_tokens import image_source_rows
+from mindgrpo.models.mrope import decode_position_ids, get_rope_index
+from mindgrpo.models.qwen2_blocks import find_causal_lm
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
+                                  check_prompts, check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
 from mindgrpo.ops.kv_store import KvStore
 from mindgrpo.rollout.backends.native_graphs import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
@@ -98,6 +112,8 @@ class BucketKey:
     prompt_len: int
     batch: int
     max_tokens: int
+    vision: bool = False
+    """Whether the prefill takes images and M-RoPE positions (a Qwen2.5-VL call)."""
 
     @property
     def cache_len(self) -> int:
@@ -222,30 +238,46 @@ class NativeRolloutEngine:
         """Whether decoding uses the fused kernels (see ``decode_impl``)."""
         self.compact = bool(compact)
         self.min_decode_batch = int(min_decode_batch)
+        hf_spec = getattr(find_causal_lm(actor), "spec", None)  # build_model's Qwen2Spec: the image token ids
+        self.image_tokens = ((hf_spec.image_token_id, hf_spec.vision_start_token_id, hf_spec.spatial_merge_size)
+                             if self.spec.mrope_section and getattr(hf_spec, "image_token_id", None) is not None
+                             else None)
+        """(<|image_pad|>, <|vision_start|>, spatial_merge_size) of a Qwen2.5-VL actor; None for a text model."""
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0
         self.buckets_built: List[BucketKey] = []
         """Every bucket built so far, in order (a bucket is rebuilt only after LRU eviction)."""
 
     # -- public API -------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+        """See :meth:`mindgrpo.rollout.api.RolloutEngine.generate`. ``images``: one entry per prompt (its
+        :class:`~mindgrpo.rollout.api.PromptImages`, or None for a text-only prompt) for a Qwen2.5-VL actor."""
         prompts = check_request(prompts, params, self.max_prompt_length, self.spec.vocab_size)
-        rows = [prompts[p] for p in range(len(prompts)) for _ in range(params.num_generations)]  # prompt-major
+        vision = self._vision_prompts(prompts, images)
+        g = params.num_generations
+        rows = [prompts[p] for p in range(len(prompts)) for _ in range(g)]  # prompt-major
+        row_vision = None if vision is None else [vision[p] for p in range(len(prompts)) for _ in range(g)]
         rng = np.random.default_rng(params.seed)  # one stream for all chunks: reproducible per seed
-        with graph_mode():
-            return generate_in_chunks(rows, self.max_batch_size,
-                                      lambda chunk, _start: self._sample_chunk(chunk, params, rng), params,
-                                      self.pad_token_id)
 
-    def forced_logits(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]
-                      ) -> List[np.ndarray]:
+        def sample_chunk(chunk, start):
+            chunk_vision = None if row_vision is None else row_vision[start:start + len(chunk)]
+            return self._sample_chunk(chunk, params, rng, chunk_vision)
+
+        with graph_mode():
+            return generate_in_chunks(rows, self.max_batch_size, sample_chunk, params, self.pad_token_id)
+
+    def forced_logits(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
+                      images: Optional[Sequence[Optional[PromptImages]]] = None) -> List[np.ndarray]:
         """Next-token logits the engine computes when prompt ``i`` is continued by ``continuations[i]``.
 
         Row ``i`` is float32 ``[len(continuations[i]) + 1, vocab]``: the logits after the prompt and after each
         continuation token, computed by the same buckets, padding and KV-cache path as :meth:`generate` (so it
-        shows what a rollout samples from, e.g. to check it against a full forward).
+        shows what a rollout samples from, e.g. to check it against a full forward). ``images`` as in
+        :meth:`generate`.
         """
         prompts = check_prompts(prompts, self.max_prompt_length, self.spec.vocab_size)
+        vision = self._vision_prompts(prompts, images)
         if len(continuations) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(continuations)} continuations")
         if any(not 0 <= int(t) < self.spec.vocab_size for c in continuations for t in c):
@@ -256,7 +288,8 @@ class NativeRolloutEngine:
                 chunk = prompts[start:start + self.max_batch_size]
                 forced = [list(c) for c in continuations[start:start + self.max_batch_size]]
                 steps = max(map(len, forced)) + 1
-                decoder = _ChunkDecoder(self, chunk, steps)
+                decoder = _ChunkDecoder(self, chunk, steps,
+                                        None if vision is None else vision[start:start + self.max_batch_size])
                 history = [decoder.logits]
                 try:
                     for step in range(steps - 1):  # every row to the end: the whole batch decodes each step
@@ -283,11 +316,13 @@ class NativeRolloutEngine:
         self._buckets.clear()
 
     # -- internals --------------------------------------------------------------------------------------
-    def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, rng: np.random.Generator
+    def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, rng: np.random.Generator,
+                      row_vision: Optional[List[Optional["_VisionPrompt"]]] = None
                       ) -> Tuple[List[List[int]], List[List[float]], List[str]]:
-        """Sample completions for one batch of rows (each a prompt to continue): tokens, log-probs, reasons."""
+        """Sample completions for one batch of rows (each a prompt to continue, with its images in a Qwen2.5-VL
+        call): tokens, log-probs, reasons."""
         stop_ids = np.array(self.eos_ids + params.stop_token_ids)
-        decoder = _ChunkDecoder(self, rows, params.max_tokens)
+        decoder = _ChunkDecoder(self, rows, params.max_tokens, row_vision)
         sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, rng, rows)
         tokens: List[List[int]] = [[] for _ in rows]
         logprobs: List[List[float]] = [[] for _ in rows]
@@ -311,13 +346,16 @@ class NativeRolloutEngine:
             decoder.bucket.release_cache()
         return tokens, logprobs, reasons
 
-    def bucket_for(self, row_prompts: Sequence[Sequence[int]], max_tokens: int) -> "_Bucket":
-        """The (cached, compiled-once) bucket that decodes these rows for up to ``max_tokens`` steps."""
-        distinct = {tuple(p) for p in row_prompts}
+    def bucket_for(self, row_prompts: Sequence[Sequence[int]], max_tokens: int,
+                   row_vision: Optional[Sequence[Optional["_VisionPrompt"]]] = None) -> "_Bucket":
+        """The (cached, compiled-once) bucket that decodes these rows for up to ``max_tokens`` steps (rows with
+        their images in a Qwen2.5-VL call: ``row_vision`` not None)."""
+        distinct = set(_prompt_keys(row_prompts, row_vision))
         key = BucketKey(prompt_batch=_round_up(len(distinct), self.batch_buckets),
                         prompt_len=_round_up(max(map(len, row_prompts)), self.prompt_length_buckets),
                         batch=_round_up(len(row_prompts), self.batch_buckets),
-                        max_tokens=-(-max_tokens // _MAX_TOKENS_STEP) * _MAX_TOKENS_STEP)
+                        max_tokens=-(-max_tokens // _MAX_TOKENS_STEP) * _MAX_TOKENS_STEP,
+                        vision=row_vision is not None)
         bucket = self._buckets.get(key)
         if bucket is None:
             while len(self._buckets) >= self.max_cached_buckets:
@@ -335,6 +373,76 @@ class NativeRolloutEngine:
         self._buckets.move_to_end(key)
         return bucket
 
+    def _vision_prompts(self, prompts: List[List[int]], images: Optional[Sequence[Optional[PromptImages]]]
+                        ) -> Optional[List[Optional["_VisionPrompt"]]]:
+        """Per prompt, its images' features and M-RoPE positions (None: a text-only prompt), or None for a text
+        call; a clear error for images the prompt does not hold or a model without M-RoPE."""
+        if self.image_tokens is None:
+            if images is not None and any(entry is not None for entry in images):
+                raise ValueError("images need a Qwen2.5-VL actor (a config with mrope_section, built by "
+                                 "mindgrpo.models.build_model); this one is a text model")
+            return None
+        image_token_id = self.image_tokens[0]
+        if images is None:
+            images = [None] * len(prompts)
+            text_call = True
+        else:
+            text_call = False
+            if len(images) != len(prompts):
+                raise ValueError(f"{len(prompts)} prompts but {len(images)} images entries; give one per prompt "
+                                 "(None for a prompt without images)")
+        vision: List[Optional[_VisionPrompt]] = []
+        for i, (prompt, entry) in enumerate(zip(prompts, images)):
+            count = prompt.count(image_token_id)
+            if entry is None:
+                if count:
+                    raise ValueError(f"prompt {i} holds {count} <|image_pad|> tokens ({image_token_id}) but no images "
+                                     "were given for it; pass its PromptImages in generate(..., images=...)")
+                vision.append(None)
+            else:
+                vision.append(_VisionPrompt(self, i, prompt, entry))
+        return None if text_call else vision
+
+
+def _prompt_keys(row_prompts: Sequence[Sequence[int]], row_vision: Optional[Sequence[Optional["_VisionPrompt"]]]
+                 ) -> List[object]:
+    """What makes rows share a prefill: the same tokens, and for a prompt with images the same prompt (compared by
+    identity: other images can give the same tokens)."""
+    if row_vision is None:
+        return [tuple(p) for p in row_prompts]
+    return [tuple(p) if vision is None else vision for p, vision in zip(row_prompts, row_vision)]
+
+
+class _VisionPrompt:
+    """A Qwen2.5-VL prompt's inputs, prepared on the host once per prompt (not per sample): its image features
+    (float32 [image tokens, hidden]), its M-RoPE positions [3, length] and the position of its first generated
+    token (its last position + 1, i.e. ``length + rope_delta``)."""
+
+    def __init__(self, engine: NativeRolloutEngine, index: int, prompt: List[int], images: PromptImages):
+        image_token_id, vision_start_token_id, merge = engine.image_tokens
+        features = np.asarray(images.features, np.float32)
+        count = prompt.count(image_token_id)
+        if features.ndim != 2 or features.shape[1] != engine.spec.hidden_size:
+            raise ValueError(f"prompt {index}: image features must be [image tokens, hidden_size="
+                             f"{engine.spec.hidden_size}], got shape {features.shape}")
+        if len(features) != count:
+            raise ValueError(f"prompt {index} holds {count} <|image_pad|> tokens ({image_token_id}) but its images "
+                             f"have {len(features)} feature rows; each image needs one token per merged patch")
+        try:
+            positions, deltas = get_rope_index(np.array([prompt]), images.image_grid_thw, None,
+                                               image_token_id=image_token_id,
+                                               vision_start_token_id=vision_start_token_id, spatial_merge_size=merge)
+        except ValueError as err:
+            raise ValueError(f"prompt {index}: {err}") from err
+        # get_rope_index checks that each image's tokens are there, not that no <|image_pad|> is left over
+        grid_tokens = int(np.prod(np.asarray(images.image_grid_thw, np.int64), axis=1).sum()) // merge ** 2
+        if grid_tokens != count:
+            raise ValueError(f"prompt {index}: image_grid_thw {np.asarray(images.image_grid_thw).tolist()} makes "
+                             f"{grid_tokens} image tokens but the prompt holds {count} <|image_pad|> tokens")
+        self.features = features
+        self.positions = positions[:, 0].astype(np.int32)
+        self.next_position = int(decode_position_ids(deltas, len(prompt))[0, 0, 0])
+
 
 class _ChunkDecoder:
     """Prefill of one chunk of rows (distinct prompts once, cache forked to their rows), then one token per row
@@ -342,29 +450,42 @@ class _ChunkDecoder:
     ``rows``: all of them at first, then, with compaction, those still generating. Chunk row ``r`` lives in cache
     row ``r`` throughout."""
 
-    def __init__(self, engine: NativeRolloutEngine, row_prompts: Sequence[Sequence[int]], max_tokens: int):
-        self.bucket = bucket = engine.bucket_for(row_prompts, max_tokens)
+    def __init__(self, engine: NativeRolloutEngine, row_prompts: Sequence[Sequence[int]], max_tokens: int,
+                 row_vision: Optional[Sequence[Optional[_VisionPrompt]]] = None):
+        self.bucket = bucket = engine.bucket_for(row_prompts, max_tokens, row_vision)
         key, s, pad = bucket.key, bucket.key.prompt_len, engine.pad_token_id
-        distinct: Dict[Tuple[int, ...], int] = {}
-        row_source = np.array([distinct.setdefault(tuple(p), len(distinct)) for p in row_prompts], np.int32)
+        distinct: Dict[object, int] = {}
+        row_source = np.array([distinct.setdefault(k, len(distinct)) for k in _prompt_keys(row_prompts, row_vision)],
+                              np.int32)
+        first_row = np.unique(row_source, return_index=True)[1]  # a row of each distinct prompt, in prompt order
         tokens = np.full((key.prompt_batch, s), pad, np.int32)
         positions = np.zeros((key.prompt_batch, s), np.int32)
         key_valid = np.zeros((key.prompt_batch, s), np.float32)  # padding prompt rows stay fully masked
-        for i, prompt in enumerate(distinct):
+        for i, r in enumerate(first_row):
+            prompt = row_prompts[r]
             tokens[i, s - len(prompt):] = prompt
             positions[i, s - len(prompt):] = np.arange(len(prompt))
             key_valid[i, s - len(prompt):] = 1.0
         cache_rows = np.zeros(key.batch, np.int32)  # padding decode rows continue prompt 0 and are ignored
         cache_rows[:len(row_prompts)] = row_source
-        prompt_logits = bucket.prefill(Tensor(tokens), Tensor(positions), Tensor(key_valid),
-                                       Tensor(cache_rows)).asnumpy()
+        # per row: its prompt's length and the cache index of its first real token
+        self.lengths = np.array([len(p) for p in row_prompts], np.int32)
+        self.first_key = s - self.lengths
+        # per row: the position of its first generated token (its prompt's length for text)
+        self.next_position = self.lengths
+        if row_vision is None:
+            prompt_logits = bucket.prefill(Tensor(tokens), Tensor(positions), Tensor(key_valid), Tensor(cache_rows))
+        else:
+            positions, features, image_rows, next_position = _vision_prefill_inputs(
+                engine, tokens, positions, [row_vision[r] for r in first_row], self.lengths[first_row])
+            self.next_position = next_position[row_source]
+            prompt_logits = bucket.prefill(Tensor(tokens), Tensor(positions), Tensor(key_valid), Tensor(cache_rows),
+                                           Tensor(features), Tensor(image_rows))
+        prompt_logits = prompt_logits.asnumpy()
         self.logits = prompt_logits[row_source]
         self.rows = np.arange(len(row_prompts))
         self.compact = engine.compact
         self.pad = pad
-        # per row: its prompt's length and the cache index of its first real token
-        self.lengths = np.array([len(p) for p in row_prompts], np.int32)
-        self.first_key = s - self.lengths
         self.step = 0
         bucket.release_rows(np.arange(len(row_prompts), key.batch))  # padding rows: never decoded
 
@@ -385,7 +506,7 @@ class _ChunkDecoder:
         feed = np.full(batch, self.pad, np.int32)
         feed[live] = tokens
         positions = np.zeros(batch, np.int32)
-        positions[live] = self.lengths[self.rows] + self.step
+        positions[live] = self.next_position[self.rows] + self.step
         start = np.full(batch, write_pos, np.int32)
         start[live] = self.first_key[self.rows]
         logits_t = self.bucket.decode[batch](Tensor(feed), Tensor(positions), Tensor(start),
@@ -394,3 +515,28 @@ class _ChunkDecoder:
         # a view when the live columns are the first ones: the sampler's copy does the transpose
         self.logits = logits[:count] if live[-1] == count - 1 else logits[live]
         self.step += 1
+
+
+def _vision_prefill_inputs(engine: NativeRolloutEngine, tokens: np.ndarray, text_positions: np.ndarray,
+                           prompt_vision: List[Optional[_VisionPrompt]], prompt_lengths: np.ndarray
+                           ) -> Tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What a Qwen2.5-VL chunk's prefill adds, for its prompts left-padded in ``tokens [P, S]`` (the first
+    ``len(prompt_vision)`` rows real): 3-row positions [3, P, S] (a text-only prompt's rows are its 1-row
+    positions), the prompts' image features in row order padded to ``P * S`` rows (static per bucket), which row
+    each token reads, and the position of each prompt's first generated token."""
+    p, s = tokens.shape
+    positions = np.stack([text_positions] * 3)
+    next_position = np.zeros(p, np.int32)
+    features = np.zeros((p * s, engine.spec.hidden_size), np.float32)
+    used = 0
+    for i, (vision, length) in enumerate(zip(prompt_vision, prompt_lengths)):
+        if vision is None:
+            next_position[i] = length
+            continue
+        positions[:, i, s - length:] = vision.positions
+        next_position[i] = vision.next_position
+        features[used:used + len(vision.features)] = vision.features
+        used += len(vision.features)
+    # image features come in row-major token order, as image_source_rows hands them out; padding rows hold none
+    image_rows = image_source_rows(tokens, engine.image_tokens[0], used)
+    return positions, features, image_rows, next_position

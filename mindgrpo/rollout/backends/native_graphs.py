@@ -10,7 +10,9 @@ to the next rollout without any synchronisation. The graphs of a shape bucket re
 
 * :class:`PrefillGraph` runs the distinct prompts of a batch (left-padded to one length), writes their keys and
   values into the cache rows of every sample drawn from them (the "fork": a prompt is computed once, its cache
-  rows are repeated for its ``n`` samples) and returns the next-token logits of each prompt.
+  rows are repeated for its ``n`` samples) and returns the next-token logits of each prompt. For Qwen2.5-VL
+  prompts it also reads the images' features in place of their ``<|image_pad|>`` tokens and rotates by M-RoPE's
+  three position rows.
 * :class:`DecodeGraph` feeds one token per sequence, writes its key/value into the cache
   (``ScatterNdUpdate`` on the cache Parameters) and returns the next-token logits, transposed ([vocab, B]: the host
   reads them through a transposed view, cheaper than an in-graph Transpose). (Writing in a separate graph with an
@@ -31,6 +33,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, ops
 
+from mindgrpo.models.image_tokens import merge_image_features
 from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
 from mindgrpo.ops.kv_store import KvStore
 
@@ -41,12 +44,24 @@ class PrefillGraph(Qwen2Blocks):
     """Prompt pass: logits after each prompt and its keys/values written to the cache rows of its samples.
     Row-major, table-free blocks (many tokens: see :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks`)."""
 
-    def construct(self, tokens, positions, key_valid, rows):
+    def construct(self, tokens, positions, key_valid, rows, image_features=None, image_rows=None):
         """tokens/positions/key_valid: [P, S] (prompts left-padded to S; key_valid 1 on real tokens);
-        rows: [B] index of the prompt each cache row (sample) continues. Returns logits [P, vocab]."""
+        rows: [B] index of the prompt each cache row (sample) continues. Returns logits [P, vocab].
+
+        Qwen2.5-VL prompts (text calls pass neither, and compile the graph they always did): positions [3, P, S]
+        (M-RoPE t/h/w rows), image_features [P*S, hidden] (real rows first; P*S, every token of the batch, is
+        the most a bucket can hold, so the shape never changes within a bucket) and image_rows [P*S] from
+        :func:`~mindgrpo.models.image_tokens.image_source_rows`. Decoding needs no M-RoPE: generated tokens are
+        text, whose three rows are equal (the engine passes 1-row decode positions shifted by each prompt's
+        ``rope_delta``)."""
         p, s = tokens.shape
-        cos, sin = self._rope_rows(positions.reshape((-1,)))
+        if positions.ndim == 3:
+            cos, sin = self._mrope_rows(positions.reshape((3, p * s)))
+        else:
+            cos, sin = self._rope_rows(positions.reshape((-1,)))
         x = self._embed_rows(tokens.reshape((-1,)))  # [P*S, hidden]
+        if image_features is not None:
+            x = merge_image_features(x, self._compute(image_features), image_rows)
         bias = self._causal_bias_rows(key_valid, s)
         writes = ()
         for i in range(self.num_layers):

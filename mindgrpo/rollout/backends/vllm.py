@@ -28,8 +28,8 @@ from typing import Any, Callable, List, Mapping, Optional, Sequence
 import numpy as np
 
 from mindgrpo.ops.ascend import import_vllm
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, RolloutResult, SamplingParams,
-                                  assemble_result, check_request, eos_tuple)
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
+                                  assemble_result, check_request, eos_tuple, refuse_images)
 
 
 class VllmRolloutEngine:
@@ -102,7 +102,9 @@ class VllmRolloutEngine:
         sync_into_vllm(hf_parameters(self.actor), self._served_network(), source=self.train_layout,
                        target=self.vllm_layout, gather=self.gather)
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams) -> RolloutResult:
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+        refuse_images(images, "vllm")
         vllm = import_vllm()
         from vllm.inputs import TokensPrompt
 
