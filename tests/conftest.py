@@ -2,6 +2,7 @@
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before anything imports them)
@@ -33,6 +34,18 @@ def tiny_model_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_untied_model_dir() -> Path:
     return shared_path("fixtures", "tiny-qwen2.5-untied")
+
+
+@pytest.fixture(scope="session")
+def vl_dir() -> Path:
+    return shared_path("fixtures", "tiny-qwen2.5-vl")
+
+
+@pytest.fixture(scope="session")
+def vl_reference(vl_dir) -> dict:
+    """Every array of the Qwen2.5-VL fixture's reference.npz (transformers' inputs and outputs)."""
+    data = np.load(vl_dir / "reference.npz")
+    return {key: data[key] for key in data.files}
 
 
 @pytest.fixture(scope="session")

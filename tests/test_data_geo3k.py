@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import REPO, shared_path
+from conftest import REPO
 from mindgrpo.data import PromptDataset, Record, RowError, convert_dataset, read_dataset
 from mindgrpo.data.images import ImageProcessorConfig
 from mindgrpo.data.mindrecord import mindrecord_schema, stored_images
@@ -20,11 +20,6 @@ GEO3K_INSTRUCTION = (" You FIRST think about the reasoning process as an interna
                      "answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final answer "
                      "MUST BE put in \\boxed{}.")  # verl examples/data_preprocess/geo3k.py, instruction_following
 SYSTEM = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-
-
-@pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="module")

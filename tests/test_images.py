@@ -5,17 +5,11 @@ import io
 import numpy as np
 import pytest
 
-from conftest import shared_path
 from mindgrpo.data.images import (ImageError, ImageProcessorConfig, decode_image, image_grid_thw, image_token_count,
                                   preprocess_image, preprocess_images, smart_resize)
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
 
 
 def test_fixture_pixel_values(vl_dir):

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 import mindgrpo  # noqa: F401  (before mindspore)
-import mindspore as ms
 from mindspore import Tensor
 from safetensors.numpy import load_file, save_file
 
@@ -22,14 +21,8 @@ NEW_TOKENS = 8  # the fixture's greedy_new_tokens per row
 
 
 @pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
-
-
-@pytest.fixture(scope="module")
-def ref(vl_dir):
-    data = np.load(vl_dir / "reference.npz")
-    return {key: data[key] for key in data.files}
+def ref(vl_reference):
+    return vl_reference
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 import mindgrpo  # noqa: F401  (before mindspore)
 from mindspore import Tensor
 
-from conftest import shared_path
 from mindgrpo.models import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
 from mindgrpo.models.image_tokens import image_source_rows
@@ -32,14 +31,8 @@ ENGINE = dict(eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=72, max_batc
 
 
 @pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
-
-
-@pytest.fixture(scope="module")
-def ref(vl_dir):
-    data = np.load(vl_dir / "reference.npz")
-    return {key: data[key] for key in data.files}
+def ref(vl_reference):
+    return vl_reference
 
 
 @pytest.fixture(scope="module")

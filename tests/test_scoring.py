@@ -7,17 +7,11 @@ import pytest
 import mindgrpo
 import mindspore as ms
 
-from conftest import shared_path
 from mindgrpo.models import scoring
 from mindgrpo.models.scoring import PAD_LOGPROB, SequenceScorer
 
 TOL = 1e-4
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
-
-
-@pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
 
 
 def _reference(folder):

@@ -10,7 +10,6 @@ import mindgrpo  # noqa: F401  (before mindspore)
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from conftest import shared_path
 from mindgrpo.algorithm import token_logprobs
 from mindgrpo.models import PackedPromptForward, SharedPromptForward, build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
@@ -25,14 +24,8 @@ PAD = 4093
 
 
 @pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
-
-
-@pytest.fixture(scope="module")
-def ref(vl_dir):
-    data = np.load(vl_dir / "reference.npz")
-    return {key: data[key] for key in data.files}
+def ref(vl_reference):
+    return vl_reference
 
 
 @pytest.fixture(scope="module")

@@ -7,11 +7,9 @@ import numpy as np
 import pytest
 
 import mindgrpo  # noqa: F401  (before mindspore)
-import mindspore as ms
 from mindspore import Tensor
 from safetensors.numpy import load_file, save_file
 
-from conftest import shared_path
 from mindgrpo.models import CheckpointMismatchError, ModelConfigError
 from mindgrpo.models.safetensors_io import bf16_bits_to_f32, f32_to_bf16_bits
 from mindgrpo.models.vision import (Qwen2_5VisionTower, build_vision_tower, load_vision_weights, read_vision_spec,
@@ -19,11 +17,6 @@ from mindgrpo.models.vision import (Qwen2_5VisionTower, build_vision_tower, load
 from mindgrpo.models.weights import host_array
 
 TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def vl_dir():
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="module")
