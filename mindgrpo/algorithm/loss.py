@@ -3,6 +3,7 @@
 Per token (completion i, position t; m = completion mask, A = advantage):
 
     r   = exp(logp - old)                          # old = logp detached when on-policy (num_iterations = 1)
+          [sequence level (GSPO): r_i = exp(sum_t m*(logp - old) / max(1, sum_t m)), the same for every t]
     pg  = -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A)
     kl  = estimator(logp, ref)  [* r  when use_bias_correction_kl]
     l   = pg + beta * kl
@@ -32,7 +33,8 @@ weight in the step's loss as the consecutive micro-batches of ``micro_batch_size
 
 With G = W = 1 these are TRL 1.16's formulas (``_compute_loss``); the test suite holds them to TRL's own numbers.
 The per-token part runs either as one fused custom op (``impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
-(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here.
+(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here. The
+sequence-level ratio (GSPO) runs the plain ops only (``LossSettings.runs_fused``).
 """
 from __future__ import annotations
 
@@ -44,7 +46,8 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.algorithm.kl import exact_exp, kl_penalty
-from mindgrpo.algorithm.registry import LOSS_IMPLS, LOSS_TYPES, canonical_kl_estimator
+from mindgrpo.algorithm.registry import (IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_TYPES, canonical,
+                                         canonical_kl_estimator)
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
 # Names of the entries of grpo_loss's metrics vector, in order: the masked token means of ROW_STATS[1:7] (see
@@ -76,7 +79,14 @@ class LossSettings:
             from DeepSeek-V3.2: unbiased KL gradient when sampling off-policy). Only matters when ``beta > 0``.
         max_completion_length: the generation length limit; required by ``dr_grpo`` (its constant divisor).
         impl: ``"fused"`` (one custom op for the per-token work, CPU AOT kernel or Ascend C) or ``"plain"``
-            (MindSpore element-wise ops; the reference).
+            (MindSpore element-wise ops; the reference). ``"fused"`` with ``importance_sampling_level="sequence"``
+            runs the plain ops (see :attr:`runs_fused`).
+        importance_sampling_level: ``"token"`` (one ratio per token, GRPO) or ``"sequence"`` (GSPO, TRL 1.16's
+            ``importance_sampling_level="sequence"``: the masked mean of each sequence's log-ratios, exponentiated,
+            is the ratio of all its tokens, in the clipped surrogate and in the KL bias correction; not detached).
+            The fused kernel works token by token and has no per-sequence pre-pass, so ``"sequence"`` always runs
+            the plain ops, whatever ``impl`` says. TRL recommends ``loss_type="grpo"`` with it (the token-summing
+            reductions weigh each sequence by its length) but allows every type; so does this.
     """
 
     loss_type: str = "dapo"
@@ -87,8 +97,10 @@ class LossSettings:
     use_bias_correction_kl: bool = True
     max_completion_length: int | None = None
     impl: str = "fused"
+    importance_sampling_level: str = "token"
 
     def __post_init__(self) -> None:
+        canonical("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.impl not in LOSS_IMPLS:
@@ -104,6 +116,12 @@ class LossSettings:
         if self.loss_type == "dr_grpo" and not (self.max_completion_length and self.max_completion_length > 0):
             raise ValueError("loss_type='dr_grpo' divides by max_completion_length: set it to the generation limit")
 
+    @property
+    def runs_fused(self) -> bool:
+        """Whether the fused op computes the per-token loss: ``impl="fused"`` at token level (a sequence-level
+        ratio needs each row's sum before any token's loss, which the per-token kernel does not make)."""
+        return self.impl == "fused" and self.importance_sampling_level == "token"
+
 
 def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
                      cfg: LossSettings) -> tuple[Tensor, Tensor, Tensor]:
@@ -113,7 +131,15 @@ def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, ad
     and ``batch_means`` [8] (mindgrpo.ops.batch_means); the last two carry no gradient.
     """
     adv = advantages.expand_dims(-1) if advantages.ndim == 1 else advantages
-    ratio = exact_exp(logp - old_logp)
+    log_ratio = logp - old_logp
+    if cfg.importance_sampling_level == "sequence":
+        # GSPO as TRL 1.16's _compute_loss: the masked mean log-ratio of each sequence, for all its tokens. It keeps
+        # its gradient (each token receives 1/|y_i| of the sequence's), and is broadcast to [B, T] so the metric
+        # columns below keep one shape.
+        row_mean = (log_ratio * mask).sum(axis=-1, keepdims=True) / ops.clamp(mask.sum(axis=-1, keepdims=True),
+                                                                              min=1.0)
+        log_ratio = ops.broadcast_to(row_mean, logp.shape)
+    ratio = exact_exp(log_ratio)
     low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
     pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
     clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
@@ -217,7 +243,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
         ``pg_loss`` (surrogate term), ``kl`` (KL term as used in the loss, ratio-corrected
         if enabled; 0 without a reference), ``clipfrac_low`` (r < 1 - eps_low with A < 0), ``clipfrac_high``
         (r > 1 + eps_high with A > 0), ``clipfrac`` (either: tokens whose gradient the clip removed) and
-        ``ppo_kl`` (old - logp, an estimate of KL(old || current)).
+        ``ppo_kl`` (old - logp, an estimate of KL(old || current)). At sequence level the clip fractions count
+        the tokens of clipped sequences.
     """
     if ref_logp is None and cfg.beta != 0:
         raise ValueError(f"beta={cfg.beta} needs ref_logp (reference-model log-probs); pass them or set beta=0")
@@ -239,7 +266,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
     old_logp = ops.stop_gradient(logp if old_logp is None else _float32(old_logp))
     if ref_logp is not None:
         ref_logp = ops.stop_gradient(_float32(ref_logp))
-    if cfg.impl == "fused":
+    if cfg.runs_fused:
         hyper = hyper_params(cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.kl_estimator,
                              cfg.use_bias_correction_kl, ref_logp is not None)
         row_loss, row_stats, means = fused_token_loss(logp, old_logp, logp if ref_logp is None else ref_logp,

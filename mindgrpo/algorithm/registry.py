@@ -10,6 +10,9 @@ from typing import Mapping, Tuple
 
 # The policy loss's reduction over tokens and completions (algorithm/loss.py; TRL's names).
 LOSS_TYPES: Tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+# Where the importance ratio is taken (algorithm/loss.py; TRL's importance_sampling_level): one per token, or one
+# length-normalised ratio per sequence (GSPO).
+IMPORTANCE_SAMPLING_LEVELS: Tuple[str, ...] = ("token", "sequence")
 # How the per-token loss runs: one fused custom op, or the plain MindSpore-ops twin it is tested against.
 LOSS_IMPLS: Tuple[str, ...] = ("fused", "plain")
 # Per-token KL estimators (algorithm/kl.py). The fused kernels take the index into this tuple.

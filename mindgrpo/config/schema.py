@@ -266,6 +266,12 @@ class RLConfig:
     """Loss aggregation: ``grpo`` (token mean per sequence, then batch mean; DeepSeekMath and MindRLHF),
     ``bnpo`` (token mean over the local batch), ``dr_grpo`` (token sum / (batch x max_tokens)), ``dapo`` (token
     mean over the global batch, across micro-batches and data-parallel ranks)."""
+    importance_sampling_level: str = "token"
+    """Where the importance ratio is taken (TRL 1.16's ``importance_sampling_level``): ``token`` (one ratio per
+    token, GRPO) or ``sequence`` (GSPO, Zheng et al. 2025: the masked mean of each completion's log-ratios,
+    exponentiated, is the ratio of all its tokens; clipped as usual, then reduced per ``loss_type``; TRL recommends
+    ``loss_type: grpo`` with it). The fused loss kernel is per token: with ``sequence`` the loss runs the plain ops
+    whatever ``loss_impl`` says. On-policy (``num_iterations: 1``) the ratio is 1 and only its gradient counts."""
     scale_rewards: str = "group"
     """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
     (Dr. GRPO: no division)."""
@@ -277,6 +283,17 @@ class RLConfig:
     tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
     ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
     unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
+    overlong_buffer_length: int = 0
+    """DAPO's soft overlong punishment (verl's ``reward_model.overlong_buffer.len``): a completion longer than
+    max_tokens - overlong_buffer_length loses overlong_penalty_factor x (its excess / overlong_buffer_length) of
+    reward, rising linearly to the whole factor at max_tokens; its length counts the EOS token, as verl's
+    ``valid_response_length``. Added to the reward before the advantages; 0 is off. See mindgrpo.rewards.overlong."""
+    overlong_penalty_factor: float = 1.0
+    """The penalty at max_tokens when overlong_buffer_length > 0 (verl's ``overlong_buffer.penalty_factor``)."""
+    mask_truncated_completions: bool = False
+    """Leave completions that reached max_tokens without EOS out of the loss (mask 0 on all their tokens), as
+    TRL's ``mask_truncated_completions`` (DAPO's overlong filtering). They keep their rewards and still count in
+    their group's mean and std, as in TRL."""
     save_ckpt_interval: int = 100
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     save_max_ckpt_num: int = 1

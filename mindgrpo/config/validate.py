@@ -11,9 +11,10 @@ import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES, KL_ALIASES,
-                                         KL_ESTIMATORS, LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES,
-                                         OPTIMIZERS, REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, SCALE_REWARDS, canonical)
+from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
+                                         IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS, LOSS_IMPLS,
+                                         LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
+                                         REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, SCALE_REWARDS, canonical)
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
 
@@ -23,6 +24,7 @@ CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
     "rl_config.device_target": (DEVICE_TARGETS, None),
     "rl_config.kl_estimator": (KL_ESTIMATORS, KL_ALIASES),
     "rl_config.loss_type": (LOSS_TYPES, None),
+    "rl_config.importance_sampling_level": (IMPORTANCE_SAMPLING_LEVELS, None),
     "rl_config.scale_rewards": (SCALE_REWARDS, None),
     "rl_config.loss_impl": (LOSS_IMPLS, None),
     "actor_config.compute_dtype": (COMPUTE_DTYPES, None),
@@ -104,6 +106,13 @@ def _length_problems(config: GRPOConfig) -> List[str]:
         problems.append(f"rl_config.max_prompt_length ({rl.max_prompt_length}) + "
                         f"generate_config.sampling_config.max_tokens ({sampling.max_tokens}) exceeds "
                         f"rl_config.seq_length ({rl.seq_length}): raise seq_length or shorten one of them")
+    # DAPO's overlong buffer is the last tokens before max_tokens: it must leave room for unpunished lengths.
+    if not 0 <= rl.overlong_buffer_length < sampling.max_tokens:
+        problems.append(f"rl_config.overlong_buffer_length = {rl.overlong_buffer_length}: must be in [0, "
+                        f"generate_config.sampling_config.max_tokens = {sampling.max_tokens}) (0: no overlong "
+                        "penalty)")
+    if not rl.overlong_penalty_factor >= 0:
+        problems.append(f"rl_config.overlong_penalty_factor = {rl.overlong_penalty_factor}: must not be negative")
     return problems
 
 

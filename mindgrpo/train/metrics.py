@@ -66,7 +66,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "update_tps",                  # throughput_tps() over timing/update
     "rollout_tps",                 # throughput_tps() over timing/rollout
 )
-"""Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier) and counters."""
+"""Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier), counters, and
+DAPO's length figures: `grpo/truncated_frac` (share of completions that reached max_tokens without EOS) and
+`grpo/overlong_penalty/mean` (the mean overlong penalty added to the rewards, 0 when off)."""
 
 METRIC_ALIASES: dict[str, str] = {
     "rollout_tps": "vllm_tps",

@@ -69,7 +69,8 @@ class ModelWorker:
         self.settings = LossSettings(
             loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
-            max_completion_length=sampling.max_tokens, impl=rl.loss_impl)
+            max_completion_length=sampling.max_tokens, impl=rl.loss_impl,
+            importance_sampling_level=rl.importance_sampling_level)
         derived = Derived(config)
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
@@ -221,21 +222,24 @@ class ModelWorker:
         """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
         on all ranks (dapo's normaliser)."""
         micro = self.config.actor_config.micro_batch_size
+        loss_mask = rollouts.loss_mask  # without truncated completions under rl_config.mask_truncated_completions
         if self.pack_rows:
-            weights = step_row_weights(self.settings, rollouts.completion_mask.sum(1), micro,
+            weights = step_row_weights(self.settings, loss_mask.sum(1), micro,
                                        dp_size=self.dist.dp_size, num_items_in_batch=global_tokens)
+            in_loss = loss_mask.any(1)
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
                 rows = batch.completions
-                yield ((*self._packed_inputs(rollouts, batch), Tensor(batch.unpack), Tensor(batch.mask),
+                mask = batch.mask * in_loss[rows][:, None]
+                yield ((*self._packed_inputs(rollouts, batch), Tensor(batch.unpack), Tensor(mask),
                         Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(weights[rows])),
-                       int(batch.mask.sum()))
+                       int(mask.sum()))
             return
         num_items = Tensor(max(1.0, global_tokens), ms.float32)
         for start in range(0, len(rollouts.completion_ids), micro):
             rows = slice(start, start + micro)
-            yield ((*self._model_inputs(rollouts, start, micro), Tensor(rollouts.completion_mask[rows]),
+            yield ((*self._model_inputs(rollouts, start, micro), Tensor(loss_mask[rows]),
                     Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), num_items),
-                   int(rollouts.completion_mask[rows].sum()))
+                   int(loss_mask[rows].sum()))
 
     def update(self, rollouts: RolloutBatch, advantages: np.ndarray, old_logp: Optional[np.ndarray],
                ref_logp: Optional[np.ndarray], *, total_steps: int) -> Dict[str, float]:
@@ -247,8 +251,8 @@ class ModelWorker:
         old = old_logp if old_logp is not None else zeros  # ignored on-policy: the cell uses detached logp
         ref = ref_logp if ref_logp is not None else zeros  # ignored when beta = 0
         # dapo normalises by the active tokens of the whole optimizer step on all ranks (see mindgrpo.algorithm.loss).
-        global_tokens = all_reduce_sum(np.array([rollouts.completion_mask.sum()]), self.dist)[0]
-        step_tokens = max(1.0, float(rollouts.completion_mask.sum()))
+        global_tokens = all_reduce_sum(np.array([rollouts.loss_mask.sum()]), self.dist)[0]
+        step_tokens = max(1.0, float(rollouts.loss_mask.sum()))
         totals: Dict[str, float] = {}
         skipped = 0
         for _ in range(rl.num_iterations):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -13,6 +14,21 @@ class RolloutBatch:
     prompt_mask: np.ndarray      # int32 [B, P]: 1 on real prompt tokens
     completion_ids: np.ndarray   # int32 [N, T]: right-padded, N = B x num_generations
     completion_mask: np.ndarray  # int32 [N, T]
+    truncated: Optional[np.ndarray] = None  # bool [N]: reached max_tokens without EOS; None: none did
+    mask_truncated: bool = False  # rl_config.mask_truncated_completions: truncated completions are not in the loss
+
+    def __post_init__(self) -> None:
+        self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
+            np.asarray(self.truncated, bool)
+
+    @property
+    def loss_mask(self) -> np.ndarray:
+        """int32 [N, T]: the tokens the loss sees. ``completion_mask``, with the rows of truncated completions
+        zeroed under ``mask_truncated`` (TRL's ``mask_truncated_completions``). The forwards still read the
+        completions in full; only the loss, its token count and its metrics leave them out."""
+        if not self.mask_truncated:
+            return self.completion_mask
+        return self.completion_mask * ~self.truncated[:, None]
 
     @property
     def prompt_lengths(self) -> np.ndarray:

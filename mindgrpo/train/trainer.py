@@ -49,7 +49,9 @@ from mindgrpo.data import PromptBatch, PromptDataset
 from mindgrpo.train.distributed import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
 from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import check_run_inputs
+from mindgrpo.rewards.overlong import OverlongPenalty
 from mindgrpo.rewards.scorer import RewardScorer, VerifierError
+from mindgrpo.rollout import FINISH_LENGTH, RolloutResult
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
 from mindgrpo.data.tokenizer import load_tokenizer
@@ -106,6 +108,8 @@ class GRPOTrainer:
                                    aggregation=reward.aggregation, num_generations=rl.num_generations,
                                    verifier_timeout=reward.verifier_timeout,
                                    verifier_parallel=reward.verifier_parallel)
+        self.overlong = OverlongPenalty(config.generate_config.sampling_config.max_tokens,
+                                        rl.overlong_buffer_length, rl.overlong_penalty_factor)
 
         # Ranks of one tensor-parallel group share prompts: the data is split over data-parallel ranks only.
         self.total_steps = Derived(config).total_steps(self.dataset.steps_per_epoch(rl.batch_size, self.dist.dp_size))
@@ -187,7 +191,7 @@ class GRPOTrainer:
         # 1. Rollout: num_generations completions per prompt from the current policy.
         with _timed(timings, "timing/rollout"):
             generated = self.worker.generate(batch.prompt_ids, seed=self._sampling_seed())
-        rollouts = self.last_rollouts = self._rollout_batch(batch, generated.completion_ids, generated.completion_mask)
+        rollouts = self.last_rollouts = self._rollout_batch(batch, generated)
 
         # 2. Score every completion with the rule-based verifiers (a verifier that fails on all of them raises).
         completions = self.tokenizer.batch_decode(
@@ -195,6 +199,7 @@ class GRPOTrainer:
         golds = [gold for gold in batch.golds for _ in range(rl.num_generations)]
         questions = [question for question in batch.questions for _ in range(rl.num_generations)]
         rewards = self.scorer.score(completions, golds, question=questions)
+        overlong = self.overlong.add_to(rewards, rollouts.completion_mask.sum(1))  # DAPO's length penalty; 0 if off
 
         # 3. Group-relative advantages (groups never straddle ranks: each rank holds whole groups).
         advantages, zero_std_groups = self.worker.advantages(rewards.aggregated)
@@ -226,7 +231,7 @@ class GRPOTrainer:
 
         timings["timing/all"] = time.perf_counter() - step_start
         self.step += 1
-        metrics = self._step_metrics(rollouts, rewards, advantages, zero_std_groups, update, timings)
+        metrics = self._step_metrics(rollouts, rewards, overlong, advantages, zero_std_groups, update, timings)
         self.metrics.log(self.step, metrics)
         if rl.save_prompt_completions_data and self.step % max(1, rl.save_prompt_completions_interval) == 0:
             self._log_completions(batch, completions, golds, rewards)
@@ -239,9 +244,10 @@ class GRPOTrainer:
         return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.dp_rank])
                    .generate_state(1)[0] & 0x7FFFFFFF)
 
-    def _rollout_batch(self, batch: PromptBatch, completion_ids: np.ndarray,
-                       completion_mask: np.ndarray) -> RolloutBatch:
-        """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions."""
+    def _rollout_batch(self, batch: PromptBatch, generated: RolloutResult) -> RolloutBatch:
+        """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions;
+        mark those that reached max_tokens without EOS (left out of the loss under mask_truncated_completions)."""
+        completion_ids, completion_mask = generated.completion_ids, generated.completion_mask
         width = Derived(self.config).prompt_width(int(batch.lengths.max()))
         prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
         prompt_mask = np.zeros((len(batch), width), np.int32)
@@ -249,9 +255,11 @@ class GRPOTrainer:
             prompt[i, width - len(ids):] = ids
             prompt_mask[i, width - len(ids):] = 1
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
-        return RolloutBatch(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32))
+        truncated = np.array([reason == FINISH_LENGTH for reason in generated.finish_reasons], bool)
+        return RolloutBatch(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32), truncated,
+                            mask_truncated=self.config.rl_config.mask_truncated_completions)
 
-    def _step_metrics(self, rollouts: RolloutBatch, rewards, advantages, zero_std_groups: int,
+    def _step_metrics(self, rollouts: RolloutBatch, rewards, overlong: np.ndarray, advantages, zero_std_groups: int,
                       update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:
         rl = self.config.rl_config
         # Rewards and lengths are reduced over ranks so every rank logs (and rank 0 writes) global figures.
@@ -280,6 +288,10 @@ class GRPOTrainer:
             metrics[f"grpo/verifier_failures/{short_name(name)}"] = verifier_sums[k + i]
             metrics[f"grpo/verifier_timeouts/{short_name(name)}"] = verifier_sums[2 * k + i]
         metrics["grpo/zero_std_groups"] = verifier_sums[-1]
+        # DAPO's two length controls: how many completions ran into max_tokens, and the mean overlong penalty.
+        truncated, penalty = all_reduce_sum(np.array([rollouts.truncated.sum(), overlong.sum()], np.float64), self.dist)
+        metrics["grpo/truncated_frac"] = truncated / count
+        metrics["grpo/overlong_penalty/mean"] = penalty / count
         metrics["grpo/advantages/abs_mean"] = float(np.abs(advantages).mean())
         metrics.update(update)
         metrics.update(timings)
