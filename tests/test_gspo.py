@@ -159,7 +159,17 @@ def test_sequence_level_differs_from_token_level(trl_inputs):
     assert abs(seq_loss - token_loss) > 1e-3 and np.abs(seq_grad - token_grad).max() > 1e-3
 
 
-def test_fused_setting_runs_the_plain_ops_at_sequence_level(trl_inputs, monkeypatch):
+@pytest.fixture
+def pynative():
+    """These checks differentiate lambdas with ms.value_and_grad, which only PyNative runs; an earlier test in the
+    suite may have left GRAPH mode set."""
+    previous = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=previous)
+
+
+def test_fused_setting_runs_the_plain_ops_at_sequence_level(trl_inputs, monkeypatch, pynative):
     """impl='fused' with sequence level never calls the fused kernel and returns the plain result exactly."""
     x, _ = trl_inputs
     fused = LossSettings(loss_type="grpo", beta=0.04, impl="fused", importance_sampling_level="sequence")
@@ -180,7 +190,7 @@ def test_fused_setting_runs_the_plain_ops_at_sequence_level(trl_inputs, monkeypa
 
 
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
-def test_sequence_level_row_weights_equal_the_reduction(trl_inputs, loss_type):
+def test_sequence_level_row_weights_equal_the_reduction(trl_inputs, loss_type, pynative):
     """Packed training's per-sequence weights give the same loss and gradient at sequence level (the ratio is
     computed within each completion's row, so regrouping rows cannot change it)."""
     x, _ = trl_inputs
