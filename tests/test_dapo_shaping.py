@@ -2,7 +2,6 @@
 against verl's formula, and truncated completions left out of the loss (rl_config.mask_truncated_completions) as
 TRL does; then both in a GRAPH-mode trainer run on the embedded demo, with no recompilation after precompile."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,21 +185,6 @@ def test_a_masked_completion_gives_no_gradient_and_the_loss_is_the_others(ms_mod
 
 
 # ---- in the trainer --------------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def demo_prompts(tmp_path_factory, demo_plain):
-    """16 demo prompts (one prompt width: the step graphs compile once)."""
-    from mindgrpo.data import convert_dataset
-    from mindgrpo.data.tokenizer import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("dapo_prompts")
-    rows = demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:16]
-    (folder / "train.jsonl").write_text("".join(rows), encoding="utf-8")
-    out = folder / "train.mindrecord"
-    convert_dataset(folder / "train.jsonl", out, load_tokenizer(demo_plain.model_dir), dataset_type="gsm8k",
-                    prompt_template="gsm8k_hash", max_prompt_length=64, progress=False)
-    return out
-
 
 def some_stop_early(generate, eos: int, pad: int):
     """The engine's ``generate``, with an EOS written into every other completion (the random demo model nearly

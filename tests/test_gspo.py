@@ -223,21 +223,6 @@ def test_config_key_default_choices_and_errors():
 
 # ---- in the trainer --------------------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def demo_prompts(tmp_path_factory, demo_plain):
-    """16 demo prompts (one prompt width: the step graphs compile once)."""
-    from mindgrpo.data import convert_dataset
-    from mindgrpo.data.tokenizer import load_tokenizer
-
-    folder = tmp_path_factory.mktemp("gspo_prompts")
-    rows = demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:16]
-    (folder / "train.jsonl").write_text("".join(rows), encoding="utf-8")
-    out = folder / "train.mindrecord"
-    convert_dataset(folder / "train.jsonl", out, load_tokenizer(demo_plain.model_dir), dataset_type="gsm8k",
-                    prompt_template="gsm8k_hash", max_prompt_length=64, progress=False)
-    return out
-
-
 def test_trainer_runs_gspo_in_graph_mode_without_recompiling(tmp_path, demo_prompts, demo_plain):
     """GSPO's recipe (sequence level, loss_type grpo) with two optimizer passes per rollout (old != logp on the
     second) on the demo model in GRAPH mode: after precompile only the first update's gradient-norm and AdamW graphs
