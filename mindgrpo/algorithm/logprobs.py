@@ -51,15 +51,18 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0,
     return flat.reshape(targets.shape)
 
 
-def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_size: int | None = None) -> Tensor:
-    """Entropy of ``softmax(logits / temperature)`` per position: [B, T, V] -> [B, T], without gradient.
+def token_entropy(logits: Tensor, temperature: float = 1.0, chunk_size: int | None = None, *,
+                  keep_gradient: bool = False) -> Tensor:
+    """Entropy of ``softmax(logits / temperature)`` per position: [B, T, V] -> [B, T].
 
-    Computed as ``-sum(softmax(z) * log_softmax(z))``; it is a metric (``actor/entropy``), so the logits are
-    detached and no [B, T, V] activation is kept for a backward pass.
+    Computed as ``-sum(softmax(z) * log_softmax(z))``. As a metric (``actor/entropy``) or the entropy mask's key
+    it needs no gradient, so by default the logits are detached and no [B, T, V] activation is kept for a backward
+    pass; ``keep_gradient`` keeps it, for the entropy bonus (``rl_config.entropy_coef``).
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    logits = ops.stop_gradient(logits)
+    if not keep_gradient:
+        logits = ops.stop_gradient(logits)
     vocab = logits.shape[-1]
     pieces = []
     for rows in _chunks(logits.reshape(-1, vocab), chunk_size):

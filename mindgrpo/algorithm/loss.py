@@ -4,7 +4,10 @@ Per token (completion i, position t; m = completion mask, A = advantage):
 
     r   = exp(logp - old)                          # old = logp detached when on-policy (num_iterations = 1)
           [sequence level (GSPO): r_i = exp(sum_t m*(logp - old) / max(1, sum_t m)), the same for every t]
-    pg  = -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A)
+    pg  = -min(r * A, clamp(r, 1 - eps_low, 1 + eps_high) * A)       grpo, bnpo, dr_grpo, dapo
+          -sg(min(r, eps_high)) * A * logp                           cispo (sg: stop_gradient; eps_high is eps_max)
+          -sigmoid(tau * (r - 1)) * 4 / tau * A                      sapo (tau = tau_pos if A > 0 else tau_neg)
+    pg *= w                                    w = entropy mask x rollout-correction weight, both without gradient
     kl  = estimator(logp, ref)  [* r  when use_bias_correction_kl]
     l   = pg + beta * kl
 
@@ -14,6 +17,19 @@ then one scalar, where G = ``grad_accum_steps`` and W = ``dp_size``:
     bnpo     sum_{i,t} m*l / max(1, sum_{i,t} m) / G
     dr_grpo  sum_{i,t} m*l / (B_local * max_completion_length) / G
     dapo     sum_{i,t} m*l * W / max(1, num_items_in_batch)
+
+(``cispo`` reduces as ``dapo`` and ``sapo`` as ``grpo``, as in TRL 1.16.) The options of TRL's ``_compute_loss``:
+
+* **Entropy mask** (``top_entropy_quantile`` = rho < 1, "Beyond the 80/20 rule"): w is 1 only on the tokens whose
+  entropy is at least the (1 - rho) quantile (torch.quantile's linear interpolation) of the active tokens' entropies
+  of this micro-batch (TRL gathers that set over its data-parallel ranks; here it is each rank's micro-batch).
+* **Rollout correction** (TRL's ``vllm_importance_sampling_mode`` with ``_clip_max`` = cap and no lower bound): the
+  weight exp(old - sampling) of the training forward's log-probs (old, detached; logp itself on-policy) over the
+  rollout engine's, per token (``token_*``) or as exp(sum_t m*(old - sampling)) per sequence (``sequence_*``);
+  ``*_truncate`` uses min(weight, cap), ``*_mask`` zeroes weights above cap.
+* **Entropy bonus** (``entropy_coef`` = c > 0; verl's ``entropy_coeff``, which TRL 1.16 also has but always
+  token-means): loss -= c * (the per-token entropy H reduced exactly as l is, with the same mask and factors), as
+  verl's ``policy_loss = pg_loss - entropy_coeff * agg_loss(entropy, loss_agg_mode)``. H carries its gradient.
 
 **Gradient accumulation and data parallelism.** The trainer *sums* the gradients of its G micro-batches and the
 data-parallel reducer *averages* over the W ranks (``nn.DistributedGradReducer``'s default). With the factors above:
@@ -33,8 +49,10 @@ weight in the step's loss as the consecutive micro-batches of ``micro_batch_size
 
 With G = W = 1 these are TRL 1.16's formulas (``_compute_loss``); the test suite holds them to TRL's own numbers.
 The per-token part runs either as one fused custom op (``impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
-(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here. The
-sequence-level ratio (GSPO) runs the plain ops only (``LossSettings.runs_fused``).
+(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here. The fused
+kernel computes the clipped surrogate at token level with w = 1; everything else (GSPO's sequence-level ratio,
+cispo, sapo, the entropy mask, rollout correction) runs the plain ops, whatever ``impl`` says
+(``LossSettings.runs_fused``). The entropy bonus is added after the kernel and works with both.
 """
 from __future__ import annotations
 
@@ -46,8 +64,8 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.algorithm.kl import exact_exp, kl_penalty
-from mindgrpo.algorithm.registry import (IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_TYPES, canonical,
-                                         canonical_kl_estimator)
+from mindgrpo.algorithm.registry import (IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES,
+                                         ROLLOUT_CORRECTIONS, canonical, canonical_kl_estimator)
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
 # Names of the entries of grpo_loss's metrics vector, in order: the masked token means of ROW_STATS[1:7] (see
@@ -69,10 +87,14 @@ class LossSettings:
             active tokens of the local batch. ``"dr_grpo"``: sum divided by the constant ``B *
             max_completion_length`` (Dr. GRPO, no length bias). ``"dapo"`` (TRL's default): sum divided by the
             active tokens of the whole global batch (DAPO's token-level loss, exact under accumulation / DP).
+            ``"cispo"`` (MiniMax-M1, ScaleRL): REINFORCE with the importance weight clipped at ``epsilon_high``
+            from above and detached, reduced as dapo. ``"sapo"`` (Soft Adaptive Policy Optimization): a
+            sigmoid-gated soft clip with temperatures ``sapo_temperature_pos`` / ``_neg``, reduced as grpo.
         beta: KL coefficient (TRL ``beta``, verl ``kl_loss_coef``); 0 disables the KL term and the reference model.
         epsilon_low: lower clip, the ratio is clipped at ``1 - epsilon_low`` (TRL ``epsilon``, verl ``clip_ratio_low``).
         epsilon_high: upper clip at ``1 + epsilon_high`` (TRL/verl ``epsilon_high``/``clip_ratio_high``); DAPO's
-            clip-higher uses 0.28 to keep exploration alive. Defaults to ``epsilon_low`` as in TRL.
+            clip-higher uses 0.28 to keep exploration alive. Defaults to ``epsilon_low`` as in TRL. With ``cispo``
+            it is the cap eps_max of the ratio itself (TRL's meaning; ScaleRL recommends 5.0).
         kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (verl ``kl_loss_type``: ``kl``, ``mse``, ``low_var_kl``; see
             mindgrpo.algorithm.kl). TRL always uses k3.
         use_bias_correction_kl: multiply the KL estimate by the importance ratio, not detached (TRL 1.16 default,
@@ -87,6 +109,16 @@ class LossSettings:
             The fused kernel works token by token and has no per-sequence pre-pass, so ``"sequence"`` always runs
             the plain ops, whatever ``impl`` says. TRL recommends ``loss_type="grpo"`` with it (the token-summing
             reductions weigh each sequence by its length) but allows every type; so does this.
+        sapo_temperature_pos: SAPO's temperature for tokens with positive advantage (TRL's default 1.0).
+        sapo_temperature_neg: SAPO's temperature for the others (TRL's default 1.05).
+        top_entropy_quantile: rho, the fraction of highest-entropy tokens kept in the policy term (TRL's
+            ``top_entropy_quantile``; the paper uses 0.2); 1.0 keeps all. Needs ``grpo_loss(entropy=...)``.
+        entropy_coef: weight of the entropy bonus (verl's ``entropy_coeff``); 0 is off. Needs the entropy with
+            its gradient.
+        rollout_correction: ``"none"`` or one of TRL's four ``vllm_importance_sampling_mode`` values (see the
+            module docstring). Needs ``grpo_loss(sampling_logp=...)``.
+        rollout_correction_cap: the cap C of the correction weight (TRL's ``vllm_importance_sampling_clip_max``,
+            default 3.0).
     """
 
     loss_type: str = "dapo"
@@ -98,9 +130,24 @@ class LossSettings:
     max_completion_length: int | None = None
     impl: str = "fused"
     importance_sampling_level: str = "token"
+    sapo_temperature_pos: float = 1.0
+    sapo_temperature_neg: float = 1.05
+    top_entropy_quantile: float = 1.0
+    entropy_coef: float = 0.0
+    rollout_correction: str = "none"
+    rollout_correction_cap: float = 3.0
 
     def __post_init__(self) -> None:
         canonical("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
+        canonical("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTIONS)
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}")
+        if self.entropy_coef < 0 or self.rollout_correction_cap <= 0:
+            raise ValueError(f"need entropy_coef >= 0 and rollout_correction_cap > 0, got {self.entropy_coef} and "
+                             f"{self.rollout_correction_cap}")
+        if self.sapo_temperature_pos <= 0 or self.sapo_temperature_neg <= 0:
+            raise ValueError(f"SAPO temperatures must be > 0, got {self.sapo_temperature_pos} and "
+                             f"{self.sapo_temperature_neg}")
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
         if self.impl not in LOSS_IMPLS:
@@ -118,17 +165,36 @@ class LossSettings:
 
     @property
     def runs_fused(self) -> bool:
-        """Whether the fused op computes the per-token loss: ``impl="fused"`` at token level (a sequence-level
-        ratio needs each row's sum before any token's loss, which the per-token kernel does not make)."""
-        return self.impl == "fused" and self.importance_sampling_level == "token"
+        """Whether the fused op computes the per-token loss. It does for ``impl="fused"`` with the clipped
+        surrogate (grpo, bnpo, dr_grpo, dapo) at token level, without entropy mask or rollout correction, with or
+        without KL and entropy bonus. Every other combination runs the plain ops: a sequence-level ratio needs
+        each row's sum before any token's loss, which the one-pass kernel does not make; cispo and sapo are other
+        surrogates, and the entropy mask and correction weights are extra per-token inputs the kernel does not
+        take."""
+        return (self.impl == "fused" and self.importance_sampling_level == "token"
+                and self.loss_type not in ("cispo", "sapo") and self.top_entropy_quantile == 1.0
+                and self.rollout_correction == "none")
+
+    @property
+    def reduction(self) -> str:
+        """The token reduction of ``loss_type``: itself for the four reductions, dapo for cispo, grpo for sapo."""
+        return LOSS_REDUCTIONS.get(self.loss_type, self.loss_type)
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether :func:`grpo_loss` needs the per-token entropy (entropy mask or bonus)."""
+        return self.top_entropy_quantile < 1.0 or self.entropy_coef > 0
 
 
 def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
-                     cfg: LossSettings) -> tuple[Tensor, Tensor, Tensor]:
+                     cfg: LossSettings, token_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The per-token loss with plain MindSpore ops: the reference for the fused op, same outputs.
 
-    Returns ``row_loss`` [B] = sum_t m * (pg + beta * kl), ``row_stats`` [B, 8] (columns: mindgrpo.ops.ROW_STATS)
-    and ``batch_means`` [8] (mindgrpo.ops.batch_means); the last two carry no gradient.
+    ``token_weight`` [B, T] (no gradient) multiplies the policy term: w of the module docstring, None for 1.
+    Returns ``row_loss`` [B] = sum_t m * (w * pg + beta * kl), ``row_stats`` [B, 8] (columns:
+    mindgrpo.ops.ROW_STATS; the pg column is w * pg) and ``batch_means`` [8] (mindgrpo.ops.batch_means); the last
+    two carry no gradient. For cispo the clip columns count ratios above eps_max with A > 0 (TRL's
+    ``cispo_clip_ratio``) as high clips; sapo clips nothing.
     """
     adv = advantages.expand_dims(-1) if advantages.ndim == 1 else advantages
     log_ratio = logp - old_logp
@@ -140,10 +206,23 @@ def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, ad
                                                                               min=1.0)
         log_ratio = ops.broadcast_to(row_mean, logp.shape)
     ratio = exact_exp(log_ratio)
-    low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
-    pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
-    clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
-    clip_high = ops.logical_and(ratio > high_bound, adv > 0).astype(ms.float32)
+    no_clip = ops.zeros_like(logp)
+    if cfg.loss_type == "cispo":
+        # REINFORCE weighted by the detached ratio capped at eps_max: every token keeps a gradient (-w * A).
+        pg = -ops.stop_gradient(ops.minimum(ratio, cfg.epsilon_high)) * adv * logp
+        clip_low, clip_high = no_clip, ops.logical_and(ratio > cfg.epsilon_high, adv > 0).astype(ms.float32)
+    elif cfg.loss_type == "sapo":
+        positive = (adv > 0).astype(ms.float32)
+        tau = cfg.sapo_temperature_neg + (cfg.sapo_temperature_pos - cfg.sapo_temperature_neg) * positive
+        pg = -ops.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
+        clip_low = clip_high = no_clip
+    else:
+        low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
+        pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
+        clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
+        clip_high = ops.logical_and(ratio > high_bound, adv > 0).astype(ms.float32)
+    if token_weight is not None:
+        pg = pg * token_weight
     if ref_logp is None:
         kl = ops.zeros_like(logp)
         token = pg
@@ -165,11 +244,11 @@ def _reduce(row_loss: Tensor, row_stats: Tensor, means: Tensor, cfg: LossSetting
     ``row_stats[:, 0]`` holds each sequence's active tokens and ``means[0]`` the micro-batch's.
     """
     batch = row_loss.shape[0]
-    if cfg.loss_type == "grpo":
+    if cfg.reduction == "grpo":
         return (row_loss / ops.clamp(row_stats[:, 0], min=1.0)).sum() / (batch * grad_accum_steps)
-    if cfg.loss_type == "bnpo":
+    if cfg.reduction == "bnpo":
         return row_loss.sum() / ops.clamp(means[0], min=1.0) / grad_accum_steps
-    if cfg.loss_type == "dr_grpo":
+    if cfg.reduction == "dr_grpo":
         return row_loss.sum() / (batch * cfg.max_completion_length * grad_accum_steps)
     if num_items_in_batch is None:
         total = ops.clamp(means[0], min=1.0)
@@ -190,12 +269,12 @@ def step_row_weights(cfg: LossSettings, lengths: np.ndarray, micro_batch_size: i
     n = len(lengths)
     if n % micro_batch_size:
         raise ValueError(f"micro_batch_size {micro_batch_size} must divide the {n} sequences of the step")
-    if cfg.loss_type == "grpo":
+    if cfg.reduction == "grpo":
         weights = 1.0 / (np.maximum(lengths, 1.0) * n)
-    elif cfg.loss_type == "bnpo":  # each micro-batch's token mean, then the mean over micro-batches
+    elif cfg.reduction == "bnpo":  # each micro-batch's token mean, then the mean over micro-batches
         tokens = lengths.reshape(-1, micro_batch_size).sum(1)
         weights = np.repeat(1.0 / (np.maximum(tokens, 1.0) * (n // micro_batch_size)), micro_batch_size)
-    elif cfg.loss_type == "dr_grpo":
+    elif cfg.reduction == "dr_grpo":
         weights = np.full(n, 1.0 / (n * cfg.max_completion_length))
     else:
         weights = np.full(n, dp_size / max(1.0, float(num_items_in_batch)))
@@ -212,9 +291,47 @@ def _float32(x: Tensor) -> Tensor:
     return x if x.dtype == ms.float32 else x.astype(ms.float32)
 
 
+def high_entropy_mask(entropy: Tensor, mask: Tensor, quantile: float) -> Tensor:
+    """float32 [B, T]: 1 on the active tokens whose entropy is at least the ``1 - quantile`` quantile of the active
+    tokens' entropies (TRL's ``get_high_entropy_mask``, with torch.quantile's linear interpolation), else 0.
+
+    Static shapes for GRAPH mode: the masked-out entries sort below every entropy (which is >= 0), so the n active
+    ones are the last n of the sorted row and the quantile's two neighbours are gathered at a computed index."""
+    flat_mask = mask.reshape(-1)
+    size = flat_mask.shape[0]
+    keyed = ops.stop_gradient(entropy).reshape(-1) * flat_mask - (1.0 - flat_mask)  # padding sorts first, as -1
+    ordered, _ = ops.sort(keyed)
+    count = flat_mask.sum()
+    position = (1.0 - quantile) * ops.clamp(count - 1.0, min=0.0)
+    below = ops.floor(position)
+    first = size - count  # index of the smallest active entropy
+    low = ops.clamp(first + below, 0, size - 1).astype(ms.int32)
+    high = ops.clamp(first + ops.minimum(below + 1.0, ops.clamp(count - 1.0, min=0.0)), 0, size - 1).astype(ms.int32)
+    lower, upper = ops.gather(ordered, low.reshape(1), 0), ops.gather(ordered, high.reshape(1), 0)
+    threshold = lower + (position - below) * (upper - lower)
+    keep = (keyed.reshape(entropy.shape) >= threshold).astype(ms.float32) * mask
+    return ops.stop_gradient(keep)
+
+
+def rollout_correction_weight(old_logp: Tensor, sampling_logp: Tensor, mask: Tensor, mode: str,
+                              cap: float) -> Tensor:
+    """float32 [B, T] (no gradient): TRL 1.16's vLLM importance-sampling weight exp(old - sampling) for ``mode`` (see
+    the module docstring), per token or broadcast from one per sequence. ``old_logp`` is detached."""
+    log_weight = (old_logp - sampling_logp) * mask
+    if mode.startswith("sequence"):
+        log_weight = ops.broadcast_to(log_weight.sum(axis=-1, keepdims=True), old_logp.shape)
+    weight = exact_exp(log_weight)
+    if mode.endswith("truncate"):
+        weight = ops.minimum(weight, cap)
+    else:
+        weight = weight * (weight <= cap).astype(ms.float32)
+    return ops.stop_gradient(weight)
+
+
 def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *,
               cfg: LossSettings, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
-              dp_size: int = 1, row_weights: Tensor | None = None) -> tuple[Tensor, Tensor]:
+              dp_size: int = 1, row_weights: Tensor | None = None, entropy: Tensor | None = None,
+              sampling_logp: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """GRPO loss of one micro-batch and its metrics; call it inside the differentiated function.
 
     Args:
@@ -235,6 +352,10 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
         row_weights: [B] float32, each sequence's weight from :func:`step_row_weights`: the loss is then
             sum_i row_weights_i * sum_t m*l, and ``num_items_in_batch``, ``grad_accum_steps`` and ``dp_size`` are
             not used (the weights hold them).
+        entropy: [B, T] per-token entropy of the current policy; needed when ``cfg.needs_entropy``. For the
+            entropy bonus it must carry its gradient (the mask only reads it).
+        sampling_logp: [B, T] the rollout engine's log-probs of the sampled tokens; needed when
+            ``cfg.rollout_correction`` is not ``"none"`` (ignored otherwise).
 
     Returns:
         ``(loss, metrics)``: scalar loss, and a float32 vector without gradient whose entries are named by
@@ -248,12 +369,18 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
     """
     if ref_logp is None and cfg.beta != 0:
         raise ValueError(f"beta={cfg.beta} needs ref_logp (reference-model log-probs); pass them or set beta=0")
+    if entropy is None and cfg.needs_entropy:
+        raise ValueError("top_entropy_quantile < 1 or entropy_coef > 0 needs the per-token entropy: pass entropy")
+    if sampling_logp is None and cfg.rollout_correction != "none":
+        raise ValueError(f"rollout_correction={cfg.rollout_correction!r} needs the rollout engine's log-probs: "
+                         "pass sampling_logp")
     if cfg.loss_type == "dapo" and num_items_in_batch is None and (grad_accum_steps != 1 or dp_size != 1):
         raise ValueError("loss_type='dapo' with gradient accumulation or data parallelism needs num_items_in_batch: "
                          "the active tokens summed over all micro-batches and ranks of the optimizer step")
     if logp.ndim != 2:
         raise ValueError(f"logp must be [B, T], got shape {tuple(logp.shape)}")
-    for name, other in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask)):
+    for name, other in (("old_logp", old_logp), ("ref_logp", ref_logp), ("mask", mask), ("entropy", entropy),
+                        ("sampling_logp", sampling_logp)):
         if other is not None and other.shape != logp.shape:
             raise ValueError(f"{name} must have logp's shape {tuple(logp.shape)}, got {tuple(other.shape)}")
     if advantages.ndim == 2 and advantages.shape[1] == 1 and logp.shape[1] != 1:
@@ -272,7 +399,17 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
         row_loss, row_stats, means = fused_token_loss(logp, old_logp, logp if ref_logp is None else ref_logp,
                                                       advantages, mask, hyper)
     else:
-        row_loss, row_stats, means = plain_token_loss(logp, old_logp, ref_logp, advantages, mask, cfg)
+        token_weight = None
+        if cfg.top_entropy_quantile < 1.0:
+            token_weight = high_entropy_mask(_float32(entropy), mask, cfg.top_entropy_quantile)
+        if cfg.rollout_correction != "none":
+            correction = rollout_correction_weight(old_logp, ops.stop_gradient(_float32(sampling_logp)), mask,
+                                                   cfg.rollout_correction, cfg.rollout_correction_cap)
+            token_weight = correction if token_weight is None else token_weight * correction
+        row_loss, row_stats, means = plain_token_loss(logp, old_logp, ref_logp, advantages, mask, cfg, token_weight)
+    if cfg.entropy_coef > 0:
+        # verl: the entropy is aggregated as the loss is, then subtracted; the same reduction does it here.
+        row_loss = row_loss - cfg.entropy_coef * (_float32(entropy) * mask).sum(axis=-1)
     if row_weights is None:
         loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size)
     else:

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import Mapping, Tuple
 
-# The policy loss's reduction over tokens and completions (algorithm/loss.py; TRL's names).
-LOSS_TYPES: Tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+# The policy loss (algorithm/loss.py; TRL 1.16's names): the four clipped-surrogate reductions over tokens and
+# completions, and two other surrogates, CISPO (clipped, detached IS weight x log-prob) and SAPO (a sigmoid-gated
+# soft clip), which TRL reduces as dapo and grpo respectively (LOSS_REDUCTIONS).
+CLIPPED_LOSS_TYPES: Tuple[str, ...] = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES: Tuple[str, ...] = CLIPPED_LOSS_TYPES + ("cispo", "sapo")
+LOSS_REDUCTIONS: Mapping[str, str] = {"cispo": "dapo", "sapo": "grpo"}
+# Correction of the rollout engine's log-prob drift (algorithm/loss.py; TRL's vllm_importance_sampling_mode, plus
+# "none" for its vllm_importance_sampling_correction=False): a per-token or per-sequence importance weight
+# exp(old - sampling), truncated at the cap or zeroed above it.
+ROLLOUT_CORRECTIONS: Tuple[str, ...] = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
 # Where the importance ratio is taken (algorithm/loss.py; TRL's importance_sampling_level): one per token, or one
 # length-normalised ratio per sequence (GSPO).
 IMPORTANCE_SAMPLING_LEVELS: Tuple[str, ...] = ("token", "sequence")

@@ -265,13 +265,37 @@ class RLConfig:
     loss_type: str = "grpo"
     """Loss aggregation: ``grpo`` (token mean per sequence, then batch mean; DeepSeekMath and MindRLHF),
     ``bnpo`` (token mean over the local batch), ``dr_grpo`` (token sum / (batch x max_tokens)), ``dapo`` (token
-    mean over the global batch, across micro-batches and data-parallel ranks)."""
+    mean over the global batch, across micro-batches and data-parallel ranks). Two other surrogates, as TRL 1.16:
+    ``cispo`` (MiniMax-M1: the ratio capped at epsilon_high, which is then eps_max, not 1 + eps (ScaleRL uses 5.0),
+    detached, times advantage x log-prob; reduced as dapo) and ``sapo`` (Soft Adaptive Policy Optimization:
+    sigmoid(tau (r - 1)) x 4 / tau x advantage, tau from sapo_temperature_pos/neg; reduced as grpo). Both run the
+    plain loss ops whatever loss_impl says."""
     importance_sampling_level: str = "token"
     """Where the importance ratio is taken (TRL 1.16's ``importance_sampling_level``): ``token`` (one ratio per
     token, GRPO) or ``sequence`` (GSPO, Zheng et al. 2025: the masked mean of each completion's log-ratios,
     exponentiated, is the ratio of all its tokens; clipped as usual, then reduced per ``loss_type``; TRL recommends
     ``loss_type: grpo`` with it). The fused loss kernel is per token: with ``sequence`` the loss runs the plain ops
     whatever ``loss_impl`` says. On-policy (``num_iterations: 1``) the ratio is 1 and only its gradient counts."""
+    sapo_temperature_pos: float = 1.0
+    """SAPO's gate temperature for tokens with a positive advantage (TRL's ``sapo_temperature_pos``)."""
+    sapo_temperature_neg: float = 1.05
+    """SAPO's gate temperature for tokens with a zero or negative advantage (TRL's ``sapo_temperature_neg``)."""
+    top_entropy_quantile: float = 1.0
+    """Keep in the policy term only the tokens whose entropy is in this top fraction of the micro-batch's (TRL's
+    ``top_entropy_quantile``, "Beyond the 80/20 rule", which uses 0.2); the KL term keeps every token. 1.0 is off.
+    Below 1 the loss runs the plain ops whatever loss_impl says."""
+    entropy_coef: float = 0.0
+    """Entropy bonus (verl's ``actor.entropy_coeff``): the loss minus entropy_coef x the per-token entropy,
+    aggregated as loss_type aggregates the loss; the entropy is then differentiated (one more [tokens, vocab]
+    activation in the backward). 0 is off. Not with tensor parallelism."""
+    rollout_correction: str = "none"
+    """Correct for the rollout engine's log-probs differing from the training forward's (TRL's
+    ``vllm_importance_sampling_mode``): the policy term is weighted by exp(old - sampling), ``token_truncate``
+    (per token, capped at rollout_correction_cap), ``token_mask`` (per token, 0 above the cap),
+    ``sequence_truncate`` / ``sequence_mask`` (one weight per completion, exp of its summed differences); ``none``
+    is off. Needs the engine's per-token log-probs. Not ``none``: the plain loss ops run whatever loss_impl says."""
+    rollout_correction_cap: float = 3.0
+    """The cap of the rollout-correction weight (TRL's ``vllm_importance_sampling_clip_max``)."""
     scale_rewards: str = "group"
     """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
     (Dr. GRPO: no division)."""

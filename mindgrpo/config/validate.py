@@ -14,7 +14,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
                                          IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS, LOSS_IMPLS,
                                          LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
-                                         REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, SCALE_REWARDS, canonical)
+                                         REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
+                                         canonical)
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
 
@@ -25,6 +26,7 @@ CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
     "rl_config.kl_estimator": (KL_ESTIMATORS, KL_ALIASES),
     "rl_config.loss_type": (LOSS_TYPES, None),
     "rl_config.importance_sampling_level": (IMPORTANCE_SAMPLING_LEVELS, None),
+    "rl_config.rollout_correction": (ROLLOUT_CORRECTIONS, None),
     "rl_config.scale_rewards": (SCALE_REWARDS, None),
     "rl_config.loss_impl": (LOSS_IMPLS, None),
     "actor_config.compute_dtype": (COMPUTE_DTYPES, None),
@@ -88,11 +90,28 @@ def _range_problems(config: GRPOConfig) -> List[str]:
     problems += [f"{k} = {v}: must not be negative" for k, v in nonneg.items() if v < 0]
     if not 0 <= rl.epsilon_low < 1:
         problems.append(f"rl_config.epsilon_low = {rl.epsilon_low}: must be in [0, 1)")
+    problems += _loss_option_problems(config)
     if sampling.temperature <= 0:
         problems.append(f"generate_config.sampling_config.temperature = {sampling.temperature}: must be > 0 "
                         "(use top_k: 1 for greedy decoding)")
     if not 0 < sampling.top_p <= 1:
         problems.append(f"generate_config.sampling_config.top_p = {sampling.top_p}: must be in (0, 1]")
+    return problems
+
+
+def _loss_option_problems(config: GRPOConfig) -> List[str]:
+    """CISPO / SAPO / entropy / rollout-correction settings (mindgrpo.algorithm.loss)."""
+    rl = config.rl_config
+    problems = [f"rl_config.{key} = {value}: must be > 0" for key, value in (
+        ("sapo_temperature_pos", rl.sapo_temperature_pos), ("sapo_temperature_neg", rl.sapo_temperature_neg),
+        ("rollout_correction_cap", rl.rollout_correction_cap)) if not value > 0]
+    if not 0 <= rl.top_entropy_quantile <= 1:
+        problems.append(f"rl_config.top_entropy_quantile = {rl.top_entropy_quantile}: must be in [0, 1] (1: off)")
+    if not rl.entropy_coef >= 0:
+        problems.append(f"rl_config.entropy_coef = {rl.entropy_coef}: must not be negative (0: off)")
+    elif rl.entropy_coef > 0 and config.actor_config.parallel_config.model_parallel > 1:
+        problems.append(f"rl_config.entropy_coef = {rl.entropy_coef} with actor_config.parallel_config."
+                        "model_parallel > 1: the vocabulary-parallel entropy has no gradient; set entropy_coef: 0")
     return problems
 
 

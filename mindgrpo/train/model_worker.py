@@ -70,7 +70,10 @@ class ModelWorker:
             loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
             kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
             max_completion_length=sampling.max_tokens, impl=rl.loss_impl,
-            importance_sampling_level=rl.importance_sampling_level)
+            importance_sampling_level=rl.importance_sampling_level, sapo_temperature_pos=rl.sapo_temperature_pos,
+            sapo_temperature_neg=rl.sapo_temperature_neg, top_entropy_quantile=rl.top_entropy_quantile,
+            entropy_coef=rl.entropy_coef, rollout_correction=rl.rollout_correction,
+            rollout_correction_cap=rl.rollout_correction_cap)
         derived = Derived(config)
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
@@ -220,9 +223,12 @@ class ModelWorker:
     def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray, *,
                      global_tokens: float):
         """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
-        on all ranks (dapo's normaliser)."""
+        on all ranks (dapo's normaliser). The rollout engine's log-probs (``rollouts.sampling_logp``) go in as
+        they are, zeros when the engine gave none (the loss reads them only under rl_config.rollout_correction)."""
         micro = self.config.actor_config.micro_batch_size
         loss_mask = rollouts.loss_mask  # without truncated completions under rl_config.mask_truncated_completions
+        sampling = (rollouts.sampling_logp.astype(np.float32) if rollouts.sampling_logp is not None
+                    else np.zeros(loss_mask.shape, np.float32))
         if self.pack_rows:
             weights = step_row_weights(self.settings, loss_mask.sum(1), micro,
                                        dp_size=self.dist.dp_size, num_items_in_batch=global_tokens)
@@ -231,14 +237,15 @@ class ModelWorker:
                 rows = batch.completions
                 mask = batch.mask * in_loss[rows][:, None]
                 yield ((*self._packed_inputs(rollouts, batch), Tensor(batch.unpack), Tensor(mask),
-                        Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(weights[rows])),
+                        Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(sampling[rows]),
+                        Tensor(weights[rows])),
                        int(mask.sum()))
             return
         num_items = Tensor(max(1.0, global_tokens), ms.float32)
         for start in range(0, len(rollouts.completion_ids), micro):
             rows = slice(start, start + micro)
             yield ((*self._model_inputs(rollouts, start, micro), Tensor(loss_mask[rows]),
-                    Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), num_items),
+                    Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(sampling[rows]), num_items),
                    int(loss_mask[rows].sum()))
 
     def update(self, rollouts: RolloutBatch, advantages: np.ndarray, old_logp: Optional[np.ndarray],

@@ -16,6 +16,7 @@ class RolloutBatch:
     completion_mask: np.ndarray  # int32 [N, T]
     truncated: Optional[np.ndarray] = None  # bool [N]: reached max_tokens without EOS; None: none did
     mask_truncated: bool = False  # rl_config.mask_truncated_completions: truncated completions are not in the loss
+    sampling_logp: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \

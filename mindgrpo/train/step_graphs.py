@@ -49,21 +49,28 @@ class CompletionLogProbs(nn.Cell):
 
     Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
     the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.models.tensor_parallel`), so
-    no rank ever holds [tokens, vocab]."""
+    no rank ever holds [tokens, vocab].
 
-    def __init__(self, forward: nn.Cell, temperature: float):
+    ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,
+    whose entropy is a metric only (the config refuses ``entropy_coef`` there)."""
+
+    def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
         comm = getattr(forward, "comm", None)
         self.tensor_parallel = comm is not None and comm.size > 1
         self.vocab_start = getattr(forward, "vocab_start", 0)
+        if entropy_gradient and self.tensor_parallel:
+            raise ValueError("the entropy bonus (rl_config.entropy_coef > 0) is not available with tensor "
+                             "parallelism: the vocabulary-parallel entropy has no gradient")
+        self.entropy_gradient = entropy_gradient
 
     def construct(self, *inputs):
         logits = self.forward(*inputs)
         completion_ids = inputs[2]
         if not self.tensor_parallel:
             return (token_logprobs(logits, completion_ids, self.temperature),
-                    token_entropy(logits, self.temperature))
+                    token_entropy(logits, self.temperature, keep_gradient=self.entropy_gradient))
         rows = logits.reshape((-1, logits.shape[-1]))
         if self.temperature != 1.0:
             rows = rows * (1.0 / self.temperature)
@@ -90,23 +97,28 @@ class GRPOLossCell(nn.Cell):
     def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool,
                  grad_accum_steps: int, dp_size: int):
         super().__init__(auto_prefix=False)
-        self.logprobs = CompletionLogProbs(forward, temperature)
+        self.logprobs = CompletionLogProbs(forward, temperature, entropy_gradient=settings.entropy_coef > 0)
         self.settings, self.on_policy = settings, on_policy
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
 
     def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
-                  num_items):
+                  sampling_logp, num_items):
         logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
-        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=num_items)
+        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp,
+                          num_items=num_items)
 
-    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=None, row_weights=None):
+    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp, num_items=None,
+              row_weights=None):
         mask = completion_mask.astype(logp.dtype)
+        settings = self.settings
         # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
-                                  ref_logp if self.settings.beta > 0 else None, advantages, mask, cfg=self.settings,
+                                  ref_logp if settings.beta > 0 else None, advantages, mask, cfg=settings,
                                   num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
-                                  dp_size=self.dp_size, row_weights=row_weights)
-        mean_entropy = (entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0)
+                                  dp_size=self.dp_size, row_weights=row_weights,
+                                  entropy=entropy if settings.needs_entropy else None,
+                                  sampling_logp=sampling_logp if settings.rollout_correction != "none" else None)
+        mean_entropy = ops.stop_gradient((entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0))
         return loss, metrics, mean_entropy
 
 
@@ -119,10 +131,10 @@ class PackedLossCell(GRPOLossCell):
         super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
-                  completion_mask, advantages, old_logp, ref_logp, row_weights):
+                  completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights):
         logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source)
         return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
-                          completion_mask, advantages, old_logp, ref_logp, row_weights=row_weights)
+                          completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights=row_weights)
 
 
 class AccumulateGradients(nn.Cell):
