@@ -356,3 +356,49 @@ def test_config_help_lists_the_keys():
                 "rollout_correction", "rollout_correction_cap"):
         assert docs.get(key), key
     assert "cispo" in docs["loss_type"] and "sapo" in docs["loss_type"]
+
+
+# ---- in the trainer --------------------------------------------------------------------------------------------
+
+RUNS = {  # every new option, in two runs: off-policy padded, and on-policy packed
+    "cispo_entropy_mask_token_correction": dict(
+        loss_type="cispo", epsilon_high=5.0, top_entropy_quantile=0.2, rollout_correction="token_truncate",
+        num_iterations=2),
+    "sapo_entropy_bonus_sequence_correction_packed": dict(
+        loss_type="sapo", entropy_coef=0.01, rollout_correction="sequence_mask", rollout_correction_cap=1.5),
+}
+
+
+def test_trainer_runs_every_option_in_graph_mode_without_recompiling(tmp_path, demo_prompts, demo_plain):
+    """The new options on the demo model in GRAPH mode (loss_impl fused, which falls back): after precompile only
+    the first update's gradient-norm and AdamW graphs compile (as in tests/test_trainer.py), and losses and
+    gradients are finite. The rollout engine's log-probs stand in as the reference model's (the same weights at
+    step 1, apart after), set on the batch where the trainer hands it to the worker."""
+    from conftest import small_run_config
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    for name, options in RUNS.items():
+        config = small_run_config(tmp_path / name, demo_prompts, demo_plain.model_dir, max_prompt_length=64,
+                                  seq_length=80, max_tokens=8, verifiers=["toy_verifiers:text_length"], max_steps=2,
+                                  **options)
+        if name.endswith("packed"):
+            config.actor_config.max_tokens_per_micro_batch = 32
+        assert config.rl_config.mode == "graph" and config.rl_config.loss_impl == "fused"
+        trainer = GRPOTrainer(config)
+        worker = trainer.worker
+        assert not worker.settings.runs_fused and bool(worker.pack_rows) == name.endswith("packed")
+        update, seen = worker.update, []
+
+        def with_sampling_logp(rollouts, advantages, old_logp, ref_logp, *, total_steps, update=update, seen=seen):
+            rollouts.sampling_logp = (ref_logp * rollouts.completion_mask).astype(np.float32)
+            seen.append(rollouts.sampling_logp)
+            return update(rollouts, advantages, old_logp, ref_logp, total_steps=total_steps)
+
+        worker.update = with_sampling_logp
+        trainer.precompile()
+        graphs = worker.compiled_graphs()
+        metrics = trainer.train()
+        assert worker.compiled_graphs() - graphs == 2, name
+        assert len(seen) == 2 and np.abs(seen[-1]).max() > 0.1, name
+        assert all(np.isfinite(metrics[key]) for key in ("actor/loss", "actor/entropy", "grad_norm")), name
+        assert metrics["grad_norm"] > 0, name

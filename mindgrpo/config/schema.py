@@ -300,7 +300,10 @@ class RLConfig:
     """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
     (Dr. GRPO: no division)."""
     loss_impl: str = "fused"
-    """``fused`` (one custom kernel for surrogate + KL + metrics) or ``plain`` (MindSpore ops; the reference)."""
+    """``fused`` (one custom kernel for surrogate + KL + metrics) or ``plain`` (MindSpore ops; the reference). The
+    kernel computes the clipped surrogate (loss_type grpo, bnpo, dr_grpo, dapo) at token level, with or without KL
+    and entropy_coef; with importance_sampling_level sequence, loss_type cispo or sapo, top_entropy_quantile below
+    1 or a rollout_correction, ``fused`` runs the plain ops (same numbers)."""
     share_prompt: bool = True
     """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
     completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
