@@ -7,9 +7,10 @@ trl 1.16 needs transformers 5, which mindformers' pin (4.57.1) forbids, so this 
 
 As ``../shared/fixtures/make_loss_reference.py`` does, each case builds a real ``trl.GRPOTrainer`` on the tiny model,
 replaces its log-prob forward (``_get_per_token_logps_and_entropies``) by a fixed leaf tensor, calls TRL's
-``_compute_loss`` on a hand-made batch and stores the loss and d loss / d per_token_logps. The cases: CISPO, SAPO,
-``top_entropy_quantile``, ``entropy_coef`` (token-mean reductions), GSPO (``importance_sampling_level="sequence"``) with each surrogate, and the four
-``vllm_importance_sampling_mode`` values with two caps, off-policy (old log-probs given) and on-policy (none).
+``_compute_loss`` on a hand-made batch and stores the loss and d loss / d per_token_logps (and / d entropies). The
+cases: CISPO, SAPO, ``top_entropy_quantile``, ``entropy_coef`` (token-mean reductions), GSPO
+(``importance_sampling_level="sequence"``) with each surrogate, and the four ``vllm_importance_sampling_mode`` values
+with two caps, off-policy (old log-probs given) and on-policy (none).
 
 The rollout-correction weight is made by TRL too: ``_generate_and_score_completions`` runs with its generation
 (``_generate``) returning the fixed completions and sampling log-probs, and its log-prob forward returning the fixed

@@ -9,7 +9,8 @@ _LAZY = {
     "group_advantages": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
     "METRICS": "loss", "LossSettings": "loss", "grpo_loss": "loss", "plain_token_loss": "loss",
     "step_row_weights": "loss",
-    "LOSS_IMPLS": "registry", "KL_ESTIMATORS": "registry", "LOSS_TYPES": "registry", "CLIPPED_LOSS_TYPES": "registry", "SCALE_REWARDS": "registry",
+    "LOSS_IMPLS": "registry", "KL_ESTIMATORS": "registry", "LOSS_TYPES": "registry", "CLIPPED_LOSS_TYPES": "registry",
+    "SCALE_REWARDS": "registry",
     "canonical_kl_estimator": "registry",
 }
 __all__ = sorted(_LAZY)
