@@ -51,6 +51,12 @@ class Derived:
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """Training steps of the run: ``max_steps``, or ``epochs`` passes of ``steps_per_epoch`` (the dataset's
-        full global batches) when it is 0."""
+        full global batches) when it is 0, rounded down to whole generations (``steps_per_generation``)."""
         rl = self.config.rl_config
-        return rl.max_steps or rl.epochs * steps_per_epoch
+        per_generation = max(1, rl.steps_per_generation)
+        return rl.max_steps or rl.epochs * steps_per_epoch // per_generation * per_generation
+
+    @property
+    def completions_per_generation(self) -> int:
+        """One generation round's rollouts on a data-parallel rank: ``steps_per_generation`` steps' worth."""
+        return self.completions_per_rank * max(1, self.config.rl_config.steps_per_generation)

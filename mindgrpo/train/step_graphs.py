@@ -95,11 +95,13 @@ class GRPOLossCell(nn.Cell):
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
 
     def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
-                  num_items):
+                  sampling_logp, num_items):
         logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
-        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=num_items)
+        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp,
+                          num_items=num_items)
 
-    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, num_items=None, row_weights=None):
+    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp, num_items=None,
+              row_weights=None):
         mask = completion_mask.astype(logp.dtype)
         # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
@@ -107,7 +109,18 @@ class GRPOLossCell(nn.Cell):
                                   num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
                                   dp_size=self.dp_size, row_weights=row_weights)
         mean_entropy = (entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0)
-        return loss, metrics, mean_entropy
+        return loss, metrics, mean_entropy, rollout_gap_sums(logp, sampling_logp, mask)
+
+
+def rollout_gap_sums(logp, sampling_logp, mask):
+    """[sum |d|, max |d|, sum exp(d)] over the active tokens, d = training log-prob - rollout engine's log-prob:
+    the ``rollout/`` gap metrics, from the log-probs the loss computes anyway (no extra forward; a few elementwise
+    ops on [micro-batch, T]). No gradient flows through them."""
+    diff = ops.stop_gradient(logp) - sampling_logp
+    active = mask > 0
+    gap = ops.abs(diff) * mask
+    ratio = ops.where(active, ops.exp(ops.where(active, diff, ops.zeros_like(diff))), ops.zeros_like(diff))
+    return ops.stack([gap.sum(), gap.max(), ratio.sum()])
 
 
 class PackedLossCell(GRPOLossCell):
@@ -119,10 +132,10 @@ class PackedLossCell(GRPOLossCell):
         super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
-                  completion_mask, advantages, old_logp, ref_logp, row_weights):
+                  completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights):
         logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source)
         return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
-                          completion_mask, advantages, old_logp, ref_logp, row_weights=row_weights)
+                          completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights=row_weights)
 
 
 class AccumulateGradients(nn.Cell):
@@ -138,10 +151,10 @@ class AccumulateGradients(nn.Cell):
         self.accumulators = accumulators
 
     def construct(self, *inputs):
-        (loss, metrics, entropy), grads = self.grad_fn(*inputs)
+        (loss, metrics, entropy, gap), grads = self.grad_fn(*inputs)
         for i in range(len(self.accumulators)):
             ops.assign_add(self.accumulators[i], grads[i])
-        return loss, metrics, entropy
+        return loss, metrics, entropy, gap
 
 
 class ReduceAndClip(nn.Cell):
