@@ -476,7 +476,7 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
         trainer = GRPOTrainer(load_config({str(cfg_path)!r}))
         trainer.train()
         np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.worker.actor),
-                 data_position=np.array([trainer.dataset.state_dict()["epoch"], trainer.dataset.state_dict()["position"]]))
+                 data_position=np.array([trainer.dataset.state_dict()[k] for k in ("epoch", "position")]))
         """))
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
            f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]

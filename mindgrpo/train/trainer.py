@@ -29,9 +29,9 @@ generating from new prompts until ``batch_size`` groups with unequal rewards are
 (TRL) samples several steps' prompts at once, and the old policy's log-probs are then taken once, at generation.
 
 ``GRPOTrainer(config).train()`` runs the whole job; :meth:`GRPOTrainer.train_step` is one step, read top to bottom:
-rollout and score (a new generation when the last one is used up), reference log-probs, update, weight sync. Everything that touches MindSpore
-graphs lives in :class:`mindgrpo.train.model_worker.ModelWorker`; this module is the orchestration and the
-bookkeeping (metrics, checkpoints, resume).
+rollout and score (a new generation when the last one is used up), reference log-probs, update, weight sync.
+Everything that touches MindSpore graphs lives in :class:`mindgrpo.train.model_worker.ModelWorker`; this module is
+the orchestration and the bookkeeping (metrics, checkpoints, resume).
 """
 from __future__ import annotations
 
