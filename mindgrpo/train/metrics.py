@@ -81,7 +81,8 @@ METRIC_NAMES: tuple[str, ...] = (
   `rollout/logprob_diff_max` (|training forward log-prob - rollout engine's log-prob| over the step's active tokens,
   all data-parallel ranks) and `rollout/is_ratio_mean` (mean exp(train - sampling): the token importance ratio
   between the two; 1 when they agree). The training log-probs are those of the update's first pass, taken in the
-  loss graph (no extra forward); both are of the temperature-scaled distribution, so top-k, top-p, min_tokens and
+  loss graph (no extra forward); on the later steps of a generation (`steps_per_generation` > 1) the weights have
+  moved since sampling, so the gap also holds that change; both are of the temperature-scaled distribution, so top-k, top-p, min_tokens and
   repetition penalty, which the engine applies and the training forward does not, show up as a gap."""
 
 METRIC_ALIASES: dict[str, str] = {
