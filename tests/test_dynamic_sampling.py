@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import small_run_config
-from mindgrpo.config import ConfigError, GRPOConfig, validate
+from mindgrpo.config import ConfigError, Derived, GRPOConfig, validate
 from mindgrpo.train.generation import kept_groups, select_groups
 
 
@@ -90,6 +90,10 @@ def test_config_checks_the_new_keys():
         assert key in str(err.value)
     cfg.rl_config.max_generation_batches, cfg.rl_config.save_ckpt_interval, cfg.rl_config.max_steps = 3, 4, 6
     validate(cfg, check_paths=False)
+    cfg.rl_config.max_steps, cfg.rl_config.epochs = 0, 2
+    assert Derived(cfg).total_steps(steps_per_epoch=7) == 14  # whole generations of 2 steps
+    cfg.rl_config.epochs = 1
+    assert Derived(cfg).total_steps(steps_per_epoch=7) == 6
 
 
 # ---- in the trainer --------------------------------------------------------------------------------------------------

@@ -55,8 +55,3 @@ class Derived:
         rl = self.config.rl_config
         per_generation = max(1, rl.steps_per_generation)
         return rl.max_steps or rl.epochs * steps_per_epoch // per_generation * per_generation
-
-    @property
-    def completions_per_generation(self) -> int:
-        """One generation round's rollouts on a data-parallel rank: ``steps_per_generation`` steps' worth."""
-        return self.completions_per_rank * max(1, self.config.rl_config.steps_per_generation)
