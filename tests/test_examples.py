@@ -9,7 +9,7 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "grpo"
 QWEN2_5_7B = dict(num_heads=28, num_kv_heads=4, num_layers=28, vocab_size=152064, intermediate_size=18944)
 
 
-@pytest.mark.parametrize("name", ["grpo_demo.yaml", "grpo_qwen2_5_7b.yaml"])
+@pytest.mark.parametrize("name", ["grpo_demo.yaml", "dapo_demo.yaml", "grpo_qwen2_5_7b.yaml"])
 def test_example_configs_validate(name):
     config = validate(load_config(EXAMPLES / name), check_paths=False)
     assert config.rl_config.output_dir.startswith(str(EXAMPLES.parents[1]))  # resolved against the yaml folder

@@ -458,9 +458,12 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
     """2-worker msrun data parallel on CPU: both ranks end with identical weights that moved from the start, and
     rank 0 logs every step once. Without ZeRO-1, so each rank applies the averaged gradient itself and identical
     weights prove the gradient all-reduce (under ZeRO-1 the owner's broadcast keeps ranks identical even without it;
-    ZeRO-1 equals the unsharded update in tests/test_optim_sharding.py)."""
-    cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=3, loss_type="dapo"),
-                         2)
+    ZeRO-1 equals the unsharded update in tests/test_optim_sharding.py). With dynamic sampling, on a verifier that
+    leaves the groups of even answers flat, so the ranks need different numbers of rounds: both run as many and
+    read the same number of prompt batches (their saved data positions are equal)."""
+    cfg = _data_parallel(make_config(tmp_path / "dp", prompts, demo_plain.model_dir, max_steps=3, loss_type="dapo",
+                                     dynamic_sampling=True, max_generation_batches=3), 2)
+    cfg.reward_config.verifier_function = ["toy_verifiers:flat_when_gold_even"]
     cfg.actor_config.parallel_config.optimizer_shard = False
     cfg_path = write_yaml(tmp_path / "dp.yaml", cfg)
     script = tmp_path / "dump_ranks.py"
@@ -472,7 +475,8 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
         from mindgrpo.train.trainer import GRPOTrainer
         trainer = GRPOTrainer(load_config({str(cfg_path)!r}))
         trainer.train()
-        np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.worker.actor))
+        np.savez({str(tmp_path)!r} + f"/rank{{trainer.dist.rank}}.npz", **state_dict_hf(trainer.worker.actor),
+                 data_position=np.array([trainer.dataset.state_dict()[k] for k in ("epoch", "position")]))
         """))
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
            f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]
@@ -486,7 +490,10 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
 
     initial = load_file(demo_plain.model_dir / "model.safetensors")
     assert max(np.abs(r0[k] - initial[k]).max() for k in initial) > 1e-4  # they trained, in lockstep
-    assert [r["step"] for r in read_metrics(tmp_path / "dp")] == [1, 2, 3]
+    rows = read_metrics(tmp_path / "dp")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    position = r0["data_position"]
+    assert position[0] * 6 + position[1] == sum(r["grpo/generation_batches"] for r in rows)  # 24 prompts: 6 batches
 
 
 WORKER = """

@@ -86,3 +86,14 @@ def batch_one_short(completions, golds, **context):
 @batch_verifier
 def batch_strings(completions, golds, **context):
     return ["1.0" for _ in completions]
+
+
+def flat_when_gold_even(completion: str, gold: str, **context) -> float:
+    """0 for every completion of a prompt whose gold answer is even (a group with no signal, which dynamic
+    sampling drops), else text_length."""
+    return 0.0 if int(float(gold)) % 2 == 0 else text_length(completion, gold)
+
+
+def constant(completion: str, gold: str, **context) -> float:
+    """1 for everything: every group has equal rewards, so dynamic sampling never fills a batch."""
+    return 1.0

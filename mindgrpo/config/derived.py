@@ -51,6 +51,7 @@ class Derived:
 
     def total_steps(self, steps_per_epoch: int) -> int:
         """Training steps of the run: ``max_steps``, or ``epochs`` passes of ``steps_per_epoch`` (the dataset's
-        full global batches) when it is 0."""
+        full global batches) when it is 0, rounded down to whole generations (``steps_per_generation``)."""
         rl = self.config.rl_config
-        return rl.max_steps or rl.epochs * steps_per_epoch
+        per_generation = max(1, rl.steps_per_generation)
+        return rl.max_steps or rl.epochs * steps_per_epoch // per_generation * per_generation

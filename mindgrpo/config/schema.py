@@ -321,6 +321,27 @@ class RLConfig:
     """Leave completions that reached max_tokens without EOS out of the loss (mask 0 on all their tokens), as
     TRL's ``mask_truncated_completions`` (DAPO's overlong filtering). They keep their rewards and still count in
     their group's mean and std, as in TRL."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): drop the groups whose rewards are all equal
+    (no learning signal) and generate from more prompts until ``batch_size`` groups are kept, up to
+    ``max_generation_batches`` rounds. At the limit the step trains on what was kept (the empty slots are filled
+    with dropped groups left out of the loss, so shapes stay static) and says so in ``grpo/generation_batches``
+    and ``grpo/unfilled_groups``; the run never stops for it. Under data parallelism every rank does as many
+    rounds as the rank that needs most. Every round reads a new batch of prompts, so with ``epochs`` a run reads
+    more than ``epochs`` passes of the data (its step count is unchanged). See mindgrpo.train.generation."""
+    max_generation_batches: int = 10
+    """The most generation rounds of one step under dynamic_sampling (verl's ``max_num_gen_batches``; DAPO's recipe
+    uses 10). Each round reads the next batch of prompts from the dataset."""
+    steps_per_generation: int = 1
+    """Optimizer steps fed by one generation round (TRL's ``steps_per_generation``): a round samples
+    ``batch_size x steps_per_generation`` prompts, and the next steps_per_generation steps each train on
+    ``batch_size`` of their groups, in order (each step with its num_iterations passes). The old policy's
+    log-probs are computed once at generation, so the later steps' ratios are against the sampling policy.
+    Advantages are computed over the whole generation (as TRL). With num_iterations = mu, one generation feeds
+    steps_per_generation x mu optimizer updates, as in TRL, but ordered step by step (each step's mu passes over its
+    own groups, then the next step's) where TRL makes each pass over all the generation's groups: here a step stays
+    one batch of prompts with its metrics line and learning-rate schedule position. Checkpoints are saved only
+    between generations: save_ckpt_interval and max_steps must be multiples of it."""
     save_ckpt_interval: int = 100
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     save_max_ckpt_num: int = 1

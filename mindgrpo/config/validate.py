@@ -43,7 +43,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     """Check values and (optionally) that every input path exists; raise one ConfigError listing all problems."""
     problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
                 + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
-                + _reward_problems(config))
+                + _reward_problems(config) + _generation_problems(config))
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -138,6 +138,24 @@ def _length_problems(config: GRPOConfig) -> List[str]:
 def _micro_batch_sizes(config: GRPOConfig) -> Dict[str, int]:
     return {"actor_config.micro_batch_size": config.actor_config.micro_batch_size,
             "ref_config.ref_model_batch_size": config.ref_config.ref_model_batch_size}
+
+
+def _generation_problems(config: GRPOConfig) -> List[str]:
+    """Dynamic sampling's round limit, and steps_per_generation: a checkpoint saved in the middle of a generation
+    could not resume it exactly (its rollouts are not saved), so saves fall between generations."""
+    rl = config.rl_config
+    problems: List[str] = []
+    if rl.max_generation_batches < 1:
+        problems.append(f"rl_config.max_generation_batches = {rl.max_generation_batches}: must be at least 1 (the "
+                        "rounds of generation one step may take under dynamic_sampling)")
+    if rl.steps_per_generation < 1:
+        problems.append(f"rl_config.steps_per_generation = {rl.steps_per_generation}: must be at least 1")
+        return problems
+    for key, value in (("save_ckpt_interval", rl.save_ckpt_interval), ("max_steps", rl.max_steps)):
+        if value % rl.steps_per_generation:
+            problems.append(f"rl_config.{key} = {value}: must be a multiple of rl_config.steps_per_generation = "
+                            f"{rl.steps_per_generation} (checkpoints are saved between generations only)")
+    return problems
 
 
 def _shared_prompt_problems(config: GRPOConfig) -> List[str]:

@@ -66,9 +66,24 @@ METRIC_NAMES: tuple[str, ...] = (
     "update_tps",                  # throughput_tps() over timing/update
     "rollout_tps",                 # throughput_tps() over timing/rollout
 )
-"""Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier), counters, and
-DAPO's length figures: `grpo/truncated_frac` (share of completions that reached max_tokens without EOS) and
-`grpo/overlong_penalty/mean` (the mean overlong penalty added to the rewards, 0 when off)."""
+"""Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier), counters, and:
+
+- DAPO's length figures: `grpo/truncated_frac` (share of completions that reached max_tokens without EOS) and
+  `grpo/overlong_penalty/mean` (the mean overlong penalty added to the rewards, 0 when off).
+- Dynamic sampling (`rl_config.dynamic_sampling`): `grpo/generation_batches` (rounds of generation of the step's
+  generation, the same on every rank; 1 without dynamic sampling) and `grpo/unfilled_groups` (slots of the batch,
+  over all ranks, filled with dropped groups left out of the loss because `max_generation_batches` was reached; 0
+  when the batch filled). The reward figures (`grpo/rewards/*`, `grpo/zero_std_groups`: groups whose rewards are all
+  equal) describe the first round's share of the step, a plain sample of the policy, so they mean the same with and
+  without dynamic sampling (the kept groups are biased by the filter: they never have zero std); lengths and
+  `grpo/truncated_frac` describe the trained batch.
+- The rollout log-prob gap, when the engine returns log-probs (all backends): `rollout/logprob_diff_mean` and
+  `rollout/logprob_diff_max` (|training forward log-prob - rollout engine's log-prob| over the step's active tokens,
+  all data-parallel ranks) and `rollout/is_ratio_mean` (mean exp(train - sampling): the token importance ratio
+  between the two; 1 when they agree). The training log-probs are those of the update's first pass, taken in the
+  loss graph (no extra forward); on the later steps of a generation (`steps_per_generation` > 1) the weights have
+  moved since sampling, so the gap also holds that change; both are of the temperature-scaled distribution, so top-k, top-p, min_tokens and
+  repetition penalty, which the engine applies and the training forward does not, show up as a gap."""
 
 METRIC_ALIASES: dict[str, str] = {
     "rollout_tps": "vllm_tps",

@@ -28,7 +28,7 @@ from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.weights import host_array
 from mindgrpo.rollout import SamplingParams, build_rollout_engine
 from mindgrpo.train import checkpoint as ckpt
-from mindgrpo.train.distributed import TP, WORLD, DistInfo, all_gather, all_reduce_sum
+from mindgrpo.train.distributed import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
 from mindgrpo.train.packing import MicroBatch, micro_batches
@@ -77,7 +77,8 @@ class ModelWorker:
         derived = Derived(config)
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
-        on_policy = rl.num_iterations == 1
+        # One pass over rollouts sampled by the current weights: the old log-probs are the detached current ones.
+        on_policy = rl.num_iterations == 1 and rl.steps_per_generation == 1
         loss_cell = (PackedLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy)
                      if self.pack_rows else
                      GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
@@ -99,7 +100,7 @@ class ModelWorker:
         s = self.sampling
         params = SamplingParams(max_tokens=s.max_tokens, min_tokens=s.min_tokens, temperature=s.temperature,
                                 top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty, seed=seed,
-                                num_generations=self.config.rl_config.num_generations)
+                                num_generations=self.config.rl_config.num_generations, logprobs=True)
         return self.engine.generate([list(map(int, p)) for p in prompts], params)
 
     def advantages(self, rewards: np.ndarray):
@@ -165,10 +166,10 @@ class ModelWorker:
         and optimizer state are untouched. Every micro-batch of a prompt width has one shape, padded or packed."""
         if self._ref_logprobs is not None:
             self.reference_logprobs(rollouts)
-        if self.config.rl_config.num_iterations > 1:
+        if self.config.rl_config.num_iterations > 1 or self.config.rl_config.steps_per_generation > 1:
             self.actor_logprobs(rollouts)
         zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
-        inputs, _ = next(self._loss_inputs(rollouts, zeros[:, 0], zeros, zeros, global_tokens=1.0))
+        inputs, _ = next(self._loss_inputs(rollouts, zeros[:, 0], zeros, zeros, zeros, global_tokens=1.0))
         self._accumulate(*inputs)
         self._drop_gradients()
 
@@ -220,15 +221,14 @@ class ModelWorker:
                 Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments), Tensor(batch.row_prompt),
                 Tensor(batch.source))
 
-    def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray, *,
-                     global_tokens: float):
+    def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray,
+                     sampling: np.ndarray, *, global_tokens: float):
         """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
-        on all ranks (dapo's normaliser). The rollout engine's log-probs (``rollouts.sampling_logp``) go in as
-        they are, zeros when the engine gave none (the loss reads them only under rl_config.rollout_correction)."""
+        on all ranks (dapo's normaliser). ``sampling``: the rollout engine's log-probs (``rollouts.sampling_logp``),
+        zeros when the engine gave none (the loss reads them only under rl_config.rollout_correction)."""
         micro = self.config.actor_config.micro_batch_size
         loss_mask = rollouts.loss_mask  # without truncated completions under rl_config.mask_truncated_completions
-        sampling = (rollouts.sampling_logp.astype(np.float32) if rollouts.sampling_logp is not None
-                    else np.zeros(loss_mask.shape, np.float32))
+        sampling = sampling.astype(np.float32, copy=False)
         if self.pack_rows:
             weights = step_row_weights(self.settings, loss_mask.sum(1), micro,
                                        dp_size=self.dist.dp_size, num_items_in_batch=global_tokens)
@@ -257,18 +257,28 @@ class ModelWorker:
         zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
         old = old_logp if old_logp is not None else zeros  # ignored on-policy: the cell uses detached logp
         ref = ref_logp if ref_logp is not None else zeros  # ignored when beta = 0
+        if rollouts.sampling_logp is None and self.settings.rollout_correction != "none":
+            # zeros would make every weight exp(old) and silently rescale the loss
+            raise ValueError(f"rl_config.rollout_correction={self.settings.rollout_correction} needs the rollout "
+                             "engine's log-prob of every sampled token, and this batch has none: set "
+                             "rl_config.rollout_correction=none or use a backend that reports them")
+        sampling = rollouts.sampling_logp if rollouts.sampling_logp is not None else zeros
+        gap = np.zeros(3)  # the first pass's [sum |d|, max |d|, sum exp(d)]: the weights that sampled the rollouts
         # dapo normalises by the active tokens of the whole optimizer step on all ranks (see mindgrpo.algorithm.loss).
         global_tokens = all_reduce_sum(np.array([rollouts.loss_mask.sum()]), self.dist)[0]
         step_tokens = max(1.0, float(rollouts.loss_mask.sum()))
         totals: Dict[str, float] = {}
         skipped = 0
-        for _ in range(rl.num_iterations):
+        for iteration in range(rl.num_iterations):
             sums: Dict[str, float] = {}
             # No collective runs per micro-batch (only tensor-parallel ones, within identical ranks), so
             # data-parallel ranks may take different numbers of packed micro-batches.
-            for inputs, tokens in self._loss_inputs(rollouts, advantages.astype(np.float32), old, ref,
+            for inputs, tokens in self._loss_inputs(rollouts, advantages.astype(np.float32), old, ref, sampling,
                                                     global_tokens=global_tokens):
-                loss, metrics, entropy = self._accumulate(*inputs)
+                loss, metrics, entropy, micro_gap = self._accumulate(*inputs)
+                if iteration == 0:
+                    micro_gap = micro_gap.asnumpy().astype(np.float64)
+                    gap = np.array([gap[0] + micro_gap[0], max(gap[1], micro_gap[1]), gap[2] + micro_gap[2]])
                 named = dict(zip(METRIC_KEYS, metrics.asnumpy().tolist()))
                 sums["actor/loss"] = sums.get("actor/loss", 0.0) + float(loss)
                 for key, value in {"actor/entropy": float(entropy), **named}.items():
@@ -290,9 +300,21 @@ class ModelWorker:
         out = {k: v / rl.num_iterations if k != "grpo/lr" else v for k, v in totals.items()}
         reduced = all_reduce_sum(np.array(list(out.values())), self.dist) / self.dist.dp_size
         out = dict(zip(out, map(float, reduced)))
+        if rollouts.sampling_logp is not None:
+            out.update(self._rollout_gap(gap, float(rollouts.loss_mask.sum())))
         out["skipped"] = float(skipped > 0)
         out["grpo/skipped_updates"] = float(skipped)
         return out
+
+    def _rollout_gap(self, gap: np.ndarray, tokens: float) -> Dict[str, float]:
+        """The gap between the training forward's log-probs and the rollout engine's over the step's active tokens,
+        on all data-parallel ranks: the mean and largest |difference| and the mean importance ratio
+        exp(train - sampling) (1 when both compute the same distribution)."""
+        sums = all_reduce_sum(np.array([gap[0], gap[2], tokens]), self.dist)
+        largest = -all_gather(np.array([-gap[1]]), self.dist, over=DP).min()  # the gather-and-min of a maximum
+        count = max(sums[2], 1.0)
+        return {"rollout/logprob_diff_mean": sums[0] / count, "rollout/logprob_diff_max": float(largest),
+                "rollout/is_ratio_mean": sums[1] / count}
 
 
 def rollout_options(config: GRPOConfig) -> dict:

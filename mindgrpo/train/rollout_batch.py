@@ -17,22 +17,39 @@ class RolloutBatch:
     truncated: Optional[np.ndarray] = None  # bool [N]: reached max_tokens without EOS; None: none did
     mask_truncated: bool = False  # rl_config.mask_truncated_completions: truncated completions are not in the loss
     sampling_logp: Optional[np.ndarray] = None
+    """float32 [N, T]: the rollout engine's log-prob of each sampled token, under the distribution it was sampled
+    from (temperature-scaled; see ``mindgrpo.rollout.SamplingParams.logprobs``), 0 on padding. None when the engine
+    gives none. Rollout correction and the ``rollout/`` gap metrics compare the training forward's log-probs to it."""
+    in_loss: Optional[np.ndarray] = None
+    """bool [N]: False on the rows of groups that only fill a dynamic-sampling batch to its static size (see
+    mindgrpo.train.generation); None: all rows are in the loss."""
 
     def __post_init__(self) -> None:
         self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
             np.asarray(self.truncated, bool)
+        self.in_loss = np.ones(len(self.completion_ids), bool) if self.in_loss is None else \
+            np.asarray(self.in_loss, bool)
 
     @property
     def loss_mask(self) -> np.ndarray:
         """int32 [N, T]: the tokens the loss sees. ``completion_mask``, with the rows of truncated completions
-        zeroed under ``mask_truncated`` (TRL's ``mask_truncated_completions``). The forwards still read the
-        completions in full; only the loss, its token count and its metrics leave them out."""
-        if not self.mask_truncated:
-            return self.completion_mask
-        return self.completion_mask * ~self.truncated[:, None]
+        zeroed under ``mask_truncated`` (TRL's ``mask_truncated_completions``) and those of filler groups
+        (``in_loss`` False). The forwards still read the completions in full; only the loss, its token count and
+        its metrics leave them out."""
+        keep = self.in_loss & ~(self.truncated & self.mask_truncated)
+        return self.completion_mask * keep[:, None].astype(np.int32)
 
     @property
     def prompt_lengths(self) -> np.ndarray:
         """int32 [N]: real prompt tokens of each completion's prompt."""
         per_prompt = self.prompt_mask.sum(1).astype(np.int32)
         return np.repeat(per_prompt, len(self.completion_ids) // len(self.prompt_ids))
+
+    def rows(self, completions: slice) -> "RolloutBatch":
+        """The batch of completions ``completions`` (whole groups, in order) and their prompts."""
+        per_prompt = len(self.completion_ids) // len(self.prompt_ids)
+        prompts = slice(completions.start // per_prompt, completions.stop // per_prompt)
+        return RolloutBatch(self.prompt_ids[prompts], self.prompt_mask[prompts], self.completion_ids[completions],
+                            self.completion_mask[completions], self.truncated[completions], self.mask_truncated,
+                            None if self.sampling_logp is None else self.sampling_logp[completions],
+                            self.in_loss[completions])

@@ -119,7 +119,18 @@ class GRPOLossCell(nn.Cell):
                                   entropy=entropy if settings.needs_entropy else None,
                                   sampling_logp=sampling_logp if settings.rollout_correction != "none" else None)
         mean_entropy = ops.stop_gradient((entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0))
-        return loss, metrics, mean_entropy
+        return loss, metrics, mean_entropy, rollout_gap_sums(logp, sampling_logp, mask)
+
+
+def rollout_gap_sums(logp, sampling_logp, mask):
+    """[sum |d|, max |d|, sum exp(d)] over the active tokens, d = training log-prob - rollout engine's log-prob:
+    the ``rollout/`` gap metrics, from the log-probs the loss computes anyway (no extra forward; a few elementwise
+    ops on [micro-batch, T]). No gradient flows through them."""
+    diff = ops.stop_gradient(logp) - sampling_logp
+    active = mask > 0
+    gap = ops.abs(diff) * mask
+    ratio = ops.where(active, ops.exp(ops.where(active, diff, ops.zeros_like(diff))), ops.zeros_like(diff))
+    return ops.stack([gap.sum(), gap.max(), ratio.sum()])
 
 
 class PackedLossCell(GRPOLossCell):
@@ -150,10 +161,10 @@ class AccumulateGradients(nn.Cell):
         self.accumulators = accumulators
 
     def construct(self, *inputs):
-        (loss, metrics, entropy), grads = self.grad_fn(*inputs)
+        (loss, metrics, entropy, gap), grads = self.grad_fn(*inputs)
         for i in range(len(self.accumulators)):
             ops.assign_add(self.accumulators[i], grads[i])
-        return loss, metrics, entropy
+        return loss, metrics, entropy, gap
 
 
 class ReduceAndClip(nn.Cell):

@@ -24,10 +24,14 @@ The per-token loss runs as one fused kernel (``loss_impl`` = fused); its readabl
 held to the same outputs by the tests, is :func:`mindgrpo.algorithm.loss.plain_token_loss` (reductions in
 ``mindgrpo.algorithm.loss._reduce``).
 
+Options that change what a generation is (:mod:`mindgrpo.train.generation`): ``dynamic_sampling`` (DAPO) keeps
+generating from new prompts until ``batch_size`` groups with unequal rewards are kept; ``steps_per_generation``
+(TRL) samples several steps' prompts at once, and the old policy's log-probs are then taken once, at generation.
+
 ``GRPOTrainer(config).train()`` runs the whole job; :meth:`GRPOTrainer.train_step` is one step, read top to bottom:
-rollout, score, advantages, reference and old log-probs, update, weight sync. Everything that touches MindSpore
-graphs lives in :class:`mindgrpo.train.model_worker.ModelWorker`; this module is the orchestration and the
-bookkeeping (metrics, checkpoints, resume).
+rollout and score (a new generation when the last one is used up), reference log-probs, update, weight sync.
+Everything that touches MindSpore graphs lives in :class:`mindgrpo.train.model_worker.ModelWorker`; this module is
+the orchestration and the bookkeeping (metrics, checkpoints, resume).
 """
 from __future__ import annotations
 
@@ -51,7 +55,7 @@ from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import check_run_inputs
 from mindgrpo.rewards.overlong import OverlongPenalty
 from mindgrpo.rewards.scorer import RewardScorer, VerifierError
-from mindgrpo.rollout import FINISH_LENGTH, RolloutResult
+from mindgrpo.train.generation import Generation, Round, kept_groups, zero_std_groups
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
 from mindgrpo.data.tokenizer import load_tokenizer
@@ -121,6 +125,7 @@ class GRPOTrainer:
         self.step = 0
         self.skipped_in_a_row = 0
         self.last_rollouts: Optional[RolloutBatch] = None  # the latest step's batch (for inspection and benchmarks)
+        self._generation: Optional[Generation] = None  # the rollouts of the current generation, until used up
         if rl.resume_training:
             self._resume()
         if self.dist.is_main:
@@ -143,11 +148,15 @@ class GRPOTrainer:
         rl = self.config.rl_config
         completions = Derived(self.config).completions_per_rank
         max_tokens = self.config.generate_config.sampling_config.max_tokens
-        longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
-                                                       rank=self.dist.dp_rank, world_size=self.dist.dp_size)
+        # Dynamic sampling may read up to max_generation_batches batches a step: plan for all of them. A generation
+        # of several batches (steps_per_generation) is padded to the widest of them, one of the planned widths.
+        rounds = rl.max_generation_batches if rl.dynamic_sampling else 1
+        longest = self.dataset.planned_longest_prompts(rl.batch_size, (self.total_steps - self.step) * rounds,
+                                                       seed=rl.seed, rank=self.dist.dp_rank,
+                                                       world_size=self.dist.dp_size)
         widths = sorted({Derived(self.config).prompt_width(int(length)) for length in longest}, reverse=True)
         for width in widths:
-            self.worker.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
+            self.worker.generate(list(_distinct_prompts(rl.batch_size * rl.steps_per_generation, width)), seed=0)
         for width in widths:
             prompts = _distinct_prompts(rl.batch_size, width)
             self.worker.precompile(RolloutBatch(prompts, np.ones_like(prompts),
@@ -186,33 +195,24 @@ class GRPOTrainer:
         rl = self.config.rl_config
         timings: Dict[str, float] = {}
         step_start = time.perf_counter()
-        batch = next(self._batches)
 
-        # 1. Rollout: num_generations completions per prompt from the current policy.
-        with _timed(timings, "timing/rollout"):
-            generated = self.worker.generate(batch.prompt_ids, seed=self._sampling_seed())
-        rollouts = self.last_rollouts = self._rollout_batch(batch, generated)
-
-        # 2. Score every completion with the rule-based verifiers (a verifier that fails on all of them raises).
-        completions = self.tokenizer.batch_decode(
-            [ids[mask.astype(bool)] for ids, mask in zip(rollouts.completion_ids, rollouts.completion_mask)])
-        golds = [gold for gold in batch.golds for _ in range(rl.num_generations)]
-        questions = [question for question in batch.questions for _ in range(rl.num_generations)]
-        rewards = self.scorer.score(completions, golds, question=questions)
-        overlong = self.overlong.add_to(rewards, rollouts.completion_mask.sum(1))  # DAPO's length penalty; 0 if off
-
-        # 3. Group-relative advantages (groups never straddle ranks: each rank holds whole groups).
-        advantages, zero_std_groups = self.worker.advantages(rewards.aggregated)
+        # 1-3. Rollout, scores and group-relative advantages: a new generation every steps_per_generation steps,
+        # with dynamic sampling's extra rounds (the old policy's log-probs are taken there when later passes or
+        # steps need them).
+        if self._generation is None or self._generation.exhausted:
+            self._generation = self._rollout_and_score(timings)
+        generation, index = self._generation, self._generation.taken
+        generation.taken += 1
+        rows = generation.step_slice(index)
+        rollouts = self.last_rollouts = generation.rollouts.rows(rows)
+        advantages = generation.advantages[rows]
 
         # 4. Reference log-probs for the KL penalty (skipped when beta = 0).
         with _timed(timings, "timing/reference_model"):
             ref_logp = self.worker.reference_logprobs(rollouts) if rl.beta > 0 else None
 
-        # 5. Log-probs of the sampling policy, needed to clip the ratio over several passes.
-        with _timed(timings, "timing/old_log_p"):
-            old_logp = self.worker.actor_logprobs(rollouts) if rl.num_iterations > 1 else None
-
-        # 6. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
+        # 5. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
+        old_logp = generation.old_logp[index] if generation.old_logp else None
         with _timed(timings, "timing/update"):
             update = self.worker.update(rollouts, advantages, old_logp, ref_logp, total_steps=self.total_steps)
         if update["skipped"]:
@@ -225,47 +225,94 @@ class GRPOTrainer:
         else:
             self.skipped_in_a_row = 0
 
-        # 7. Make the rollout engine see the new weights.
+        # 6. Make the rollout engine see the new weights.
         with _timed(timings, "timing/weight_sync"):
             self.worker.sync_weights()
 
+        for key in ("timing/rollout", "timing/old_log_p"):
+            timings.setdefault(key, 0.0)  # the steps that reuse a generation spend nothing on it
         timings["timing/all"] = time.perf_counter() - step_start
         self.step += 1
-        metrics = self._step_metrics(rollouts, rewards, overlong, advantages, zero_std_groups, update, timings)
+        metrics = self._step_metrics(rollouts, generation, index, advantages, update, timings)
         self.metrics.log(self.step, metrics)
         if rl.save_prompt_completions_data and self.step % max(1, rl.save_prompt_completions_interval) == 0:
-            self._log_completions(batch, completions, golds, rewards)
+            self._log_completions(generation, rows)
         return metrics
 
     # ------------------------------------------------------------------------------------------------------------
-    def _sampling_seed(self) -> int:
-        """Derived from (seed, step, data-parallel rank) alone, so a resumed run samples exactly what the original
-        would, and the ranks of one tensor-parallel group draw the same tokens."""
-        return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.dp_rank])
-                   .generate_state(1)[0] & 0x7FFFFFFF)
+    def _rollout_and_score(self, timings: Dict[str, float]) -> Generation:
+        """Generate, score and keep groups until the generation is full (mindgrpo.train.generation): one round
+        without dynamic sampling; with it, rounds until ``batch_size x steps_per_generation`` groups with unequal
+        rewards are kept on every data-parallel rank, or ``max_generation_batches`` rounds ran. Every rank runs as
+        many rounds (an AllReduce of what is still missing) and reads the same number of prompt batches, so the
+        dataset position, saved by rank 0 for all, stays exact; a rank already full reads its batch and skips it."""
+        rl = self.config.rl_config
+        wanted = rl.batch_size * rl.steps_per_generation
+        rounds: List[Round] = []
+        kept: List[np.ndarray] = []
+        longest, total_rounds = 0, 0
+        for round_index in range(rl.max_generation_batches if rl.dynamic_sampling else 1):
+            batches = [next(self._batches) for _ in range(rl.steps_per_generation)]
+            total_rounds += 1
+            missing = wanted - sum(int(k.sum()) for k in kept)
+            if missing > 0:
+                rounds.append(self._generate_round(batches, round_index, timings))
+                longest = max(longest, max(int(b.lengths.max()) for b in batches))
+                kept.append(kept_groups(rounds[-1].rewards.aggregated, rl.num_generations) if rl.dynamic_sampling
+                            else np.ones(wanted, bool))
+                missing -= int(kept[-1].sum())
+            if not rl.dynamic_sampling or all_reduce_sum(np.array([max(missing, 0)]), self.dist)[0] == 0:
+                break
+        generation = Generation.assemble(
+            rounds, kept, wanted=wanted, steps=rl.steps_per_generation,
+            width=Derived(self.config).prompt_width(longest), num_generations=rl.num_generations,
+            pad_token_id=self.tokenizer.pad_token_id, mask_truncated=rl.mask_truncated_completions,
+            total_rounds=total_rounds)
+        generation.advantages, _ = self.worker.advantages(generation.rewards)
+        # The sampling policy's log-probs, once, before any update: the ratio of every later pass and step.
+        if rl.num_iterations > 1 or rl.steps_per_generation > 1:
+            with _timed(timings, "timing/old_log_p"):
+                generation.old_logp = [self.worker.actor_logprobs(generation.rollouts.rows(generation.step_slice(k)))
+                                       for k in range(generation.steps)]
+        return generation
 
-    def _rollout_batch(self, batch: PromptBatch, generated: RolloutResult) -> RolloutBatch:
-        """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions;
-        mark those that reached max_tokens without EOS (left out of the loss under mask_truncated_completions)."""
-        completion_ids, completion_mask = generated.completion_ids, generated.completion_mask
-        width = Derived(self.config).prompt_width(int(batch.lengths.max()))
-        prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
-        prompt_mask = np.zeros((len(batch), width), np.int32)
-        for i, ids in enumerate(batch.prompt_ids):
-            prompt[i, width - len(ids):] = ids
-            prompt_mask[i, width - len(ids):] = 1
-        completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
-        truncated = np.array([reason == FINISH_LENGTH for reason in generated.finish_reasons], bool)
-        return RolloutBatch(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32), truncated,
-                            mask_truncated=self.config.rl_config.mask_truncated_completions)
+    def _generate_round(self, batches: List[PromptBatch], round_index: int, timings: Dict[str, float]) -> Round:
+        """One round: ``num_generations`` completions per prompt of ``batches`` from the current policy, decoded
+        and scored (a verifier that fails on all of them raises), with DAPO's overlong penalty added (0 if off)."""
+        rl = self.config.rl_config
+        prompts = [ids for batch in batches for ids in batch.prompt_ids]
+        with _timed(timings, "timing/rollout"):
+            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index))
+        mask = generated.completion_mask.astype(bool)
+        completions = self.tokenizer.batch_decode([ids[row] for ids, row in zip(generated.completion_ids, mask)])
+        golds = [gold for batch in batches for gold in batch.golds]
+        questions = [question for batch in batches for question in batch.questions]
+        rewards = self.scorer.score(completions, _each(golds, rl.num_generations),
+                                    question=_each(questions, rl.num_generations))
+        overlong = self.overlong.add_to(rewards, generated.completion_mask.sum(1))
+        return Round(prompts, golds, generated, completions, rewards, overlong)
 
-    def _step_metrics(self, rollouts: RolloutBatch, rewards, overlong: np.ndarray, advantages, zero_std_groups: int,
+    def _sampling_seed(self, round_index: int = 0) -> int:
+        """Derived from (seed, step, generation round, data-parallel rank) alone, so a resumed run samples exactly
+        what the original would, and the ranks of one tensor-parallel group draw the same tokens. The first round
+        keeps the (seed, step, rank) seed that runs without dynamic sampling have always used."""
+        rl = self.config.rl_config
+        key = [rl.seed, self.step, self.dist.dp_rank] if round_index == 0 else \
+            [rl.seed, self.step, round_index, self.dist.dp_rank]
+        return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x7FFFFFFF)
+
+    def _step_metrics(self, rollouts: RolloutBatch, generation: Generation, index: int, advantages: np.ndarray,
                       update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:
         rl = self.config.rl_config
+        # The reward figures describe the first round's share of this step (a plain sample of the policy, the same
+        # with or without dynamic sampling, whose kept groups are biased by the filter); lengths and the rest the
+        # trained batch. Verifier failures count every round of the generation, on its first step.
+        first, rows = generation.first_round, generation.step_slice(index)
+        rewards, overlong = first.rewards, first.overlong[rows]
         # Rewards and lengths are reduced over ranks so every rank logs (and rank 0 writes) global figures.
         resp = rollouts.completion_mask.sum(1).astype(np.float64)
         prompt = rollouts.prompt_lengths.astype(np.float64)
-        local = {"reward": rewards.total.astype(np.float64), "resp": resp, "prompt": prompt}
+        local = {"reward": rewards.total[rows].astype(np.float64), "resp": resp, "prompt": prompt}
         sums = all_reduce_sum(np.array([local[k].sum() for k in local] + [len(resp)]), self.dist)
         count = sums[-1]
         # each rank's minima and negated maxima, gathered: the lowest over ranks of both gives min and max
@@ -277,19 +324,25 @@ class GRPOTrainer:
             "response_length/mean": sums[1] / count, "response_length/min": lo[1], "response_length/max": -neg_hi[1],
             "prompt_length/mean": sums[2] / count, "prompt_length/min": lo[2], "prompt_length/max": -neg_hi[2],
         }
-        verifier_sums = all_reduce_sum(np.array([v.sum() for v in rewards.per_verifier.values()] +
-                                                [float(f) for f in rewards.failures.values()] +
-                                                [float(t) for t in rewards.timeouts.values()] +
-                                                [float(zero_std_groups)]), self.dist)
+        counted = float(index == 0)
+        zero_std = zero_std_groups(rewards.aggregated[rows], rl.num_generations).sum()
+        verifier_sums = all_reduce_sum(np.array([v[rows].sum() for v in rewards.per_verifier.values()] +
+                                                [counted * f for f in generation.failures.values()] +
+                                                [counted * t for t in generation.timeouts.values()] +
+                                                [float(zero_std), float(generation.unfilled_groups) * counted,
+                                                 rollouts.truncated.sum(), overlong.sum()]), self.dist)
         k = len(rewards.per_verifier)
         for i, name in enumerate(rewards.per_verifier):
             metrics[f"grpo/rewards/{short_name(name)}"] = verifier_sums[i] / count
         for i, name in enumerate(rewards.failures):
             metrics[f"grpo/verifier_failures/{short_name(name)}"] = verifier_sums[k + i]
             metrics[f"grpo/verifier_timeouts/{short_name(name)}"] = verifier_sums[2 * k + i]
-        metrics["grpo/zero_std_groups"] = verifier_sums[-1]
+        zero_std, unfilled, truncated, penalty = verifier_sums[3 * k:]
+        metrics["grpo/zero_std_groups"] = zero_std
+        # Dynamic sampling: the rounds of generation (the same on every rank) and the slots left to filler groups.
+        metrics["grpo/generation_batches"] = generation.rounds
+        metrics["grpo/unfilled_groups"] = unfilled
         # DAPO's two length controls: how many completions ran into max_tokens, and the mean overlong penalty.
-        truncated, penalty = all_reduce_sum(np.array([rollouts.truncated.sum(), overlong.sum()], np.float64), self.dist)
         metrics["grpo/truncated_frac"] = truncated / count
         metrics["grpo/overlong_penalty/mean"] = penalty / count
         metrics["grpo/advantages/abs_mean"] = float(np.abs(advantages).mean())
@@ -299,19 +352,22 @@ class GRPOTrainer:
         prompts, world = rl.batch_size * self.dist.dp_size, self.dist.world_size
         for name, key in (("e2e_tps", "timing/all"), ("update_tps", "timing/update"),
                           ("rollout_tps", "timing/rollout")):
+            if timings[key] == 0:  # a step that reuses its generation's rollouts has no rollout throughput
+                continue
             metrics[name] = throughput_tps(per_sample_prompt, per_sample_resp, prompts, rl.num_generations, world,
                                            timings[key])
         metrics["epoch"] = float(self.dataset.state_dict()["epoch"])
         return {k: float(v) for k, v in metrics.items()}
 
-    def _log_completions(self, batch: PromptBatch, completions: List[str], golds: List[str], rewards) -> None:
+    def _log_completions(self, generation: Generation, rows: slice) -> None:
         num_generations = self.config.rl_config.num_generations
         records = []
-        for i, text in enumerate(completions):
+        for i in range(rows.start, rows.stop):
             records.append({
-                "prompt": self.tokenizer.decode(batch.prompt_ids[i // num_generations], skip_special_tokens=False),
-                "completion": text, "gold": golds[i], "reward": float(rewards.total[i]),
-                "rewards": {name: float(v[i]) for name, v in rewards.per_verifier.items()},
+                "prompt": self.tokenizer.decode(generation.prompts[i // num_generations], skip_special_tokens=False),
+                "completion": generation.completions[i], "gold": generation.golds[i],
+                "reward": float(generation.totals[i]),
+                "rewards": {name: float(v[i]) for name, v in generation.per_verifier.items()},
             })
         self.metrics.log_completions(self.step, records)
 
@@ -322,7 +378,15 @@ class GRPOTrainer:
 
         Every rank writes its optimizer shard to a staging folder first; rank 0 moves those files into the
         checkpoint it is building, so the manifest's checksums cover them and the whole step still appears by one
-        rename. (Several machines must share the checkpoint folder.)"""
+        rename. (Several machines must share the checkpoint folder.)
+
+        Only between generations: the rollouts of a generation that later steps would still train on
+        (``steps_per_generation`` > 1) are not saved, so a checkpoint in its middle could not resume exactly."""
+        if self._generation is not None and not self._generation.exhausted:
+            raise TrainingError(f"step {self.step}: a checkpoint can only be saved between generations (every "
+                                f"rl_config.steps_per_generation = {self.config.rl_config.steps_per_generation} "
+                                f"steps); {self._generation.steps - self._generation.taken} more step(s) train on "
+                                "the current one")
         staging = self.checkpoints.save_dir / f"{SHARD_STAGING}{self.step:08d}"
         staging.mkdir(parents=True, exist_ok=True)
         self.worker.save_optimizer_shard(staging)
@@ -370,6 +434,11 @@ def _distinct_prompts(count: int, width: int) -> np.ndarray:
     """``count`` different dummy prompts of ``width`` tokens (the rollout engine computes each distinct prompt once,
     so its graph shapes depend on how many there are)."""
     return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
+
+
+def _each(values: List[str], times: int) -> List[str]:
+    """Each value ``times`` times in a row: a prompt's entry for each of its completions."""
+    return [value for value in values for _ in range(times)]
 
 
 def short_name(verifier: str) -> str:
