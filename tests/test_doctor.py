@@ -193,3 +193,29 @@ def test_command_dispatch(capsys):
     assert cli_main(["config-help"]) == 0 and "rl_config.dataset_file" in capsys.readouterr().out
     assert cli_main(["nonsense"]) == 2 and "unknown command 'nonsense'" in capsys.readouterr().err
     assert cli_main([]) == 2
+
+
+@pytest.mark.parametrize("overrides, uses_kernel", [
+    ({}, True),
+    ({"importance_sampling_level": "sequence"}, False),  # GSPO: the plain ops, whatever loss_impl says
+    ({"loss_type": "cispo"}, False),
+    ({"loss_impl": "plain"}, False),
+])
+def test_a_broken_fused_op_fails_only_runs_that_call_it(monkeypatch, overrides, uses_kernel):
+    from mindgrpo.algorithm.loss import LossSettings
+    from mindgrpo.config import GRPOConfig
+    import mindgrpo.ops as ops_package
+
+    config = GRPOConfig()
+    for key, value in overrides.items():
+        setattr(config.rl_config, key, value)
+    runs_fused = LossSettings.from_config(config).runs_fused
+    assert runs_fused is uses_kernel
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("kernel exploded")
+
+    monkeypatch.setattr(ops_package, "fused_token_loss", broken)
+    check = doctor.check_fused_op("CPU", runs_fused)
+    assert check.status == ("FAIL" if uses_kernel else "warn")
+    assert "kernel exploded" in check.detail

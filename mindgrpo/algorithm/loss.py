@@ -137,6 +137,19 @@ class LossSettings:
     rollout_correction: str = "none"
     rollout_correction_cap: float = 3.0
 
+    @classmethod
+    def from_config(cls, config) -> "LossSettings":
+        """The settings a run uses: every field from ``config.rl_config`` (a :class:`mindgrpo.config.GRPOConfig`),
+        the generation limit for ``dr_grpo``. The trainer and the doctor both build them here."""
+        rl = config.rl_config
+        return cls(loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
+                   kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
+                   max_completion_length=config.generate_config.sampling_config.max_tokens, impl=rl.loss_impl,
+                   importance_sampling_level=rl.importance_sampling_level,
+                   sapo_temperature_pos=rl.sapo_temperature_pos, sapo_temperature_neg=rl.sapo_temperature_neg,
+                   top_entropy_quantile=rl.top_entropy_quantile, entropy_coef=rl.entropy_coef,
+                   rollout_correction=rl.rollout_correction, rollout_correction_cap=rl.rollout_correction_cap)
+
     def __post_init__(self) -> None:
         canonical("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
         canonical("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTIONS)

@@ -163,8 +163,10 @@ def check_decode_kernels(target: str, decode_impl: str = "fused", backend: str =
     return Check("ok", "decode kernels", f"CPU kernels run, RMSNorm matches numpy ({diff:.1e}); {library}")
 
 
-def check_fused_op(target: str, loss_impl: str = "fused") -> Check:
-    """Compile (or find in the cache) the fused loss kernel, run it once and compare it with the plain ops."""
+def check_fused_op(target: str, runs_fused: bool = True) -> Check:
+    """Compile (or find in the cache) the fused loss kernel, run it once and compare it with the plain ops.
+    ``runs_fused``: whether the run's loss uses the kernel (``LossSettings.runs_fused``); a broken kernel is only
+    a warning for a run that never calls it (loss_impl plain, or a setting that falls back to the plain ops)."""
     import numpy as np
 
     import mindspore as ms
@@ -175,7 +177,7 @@ def check_fused_op(target: str, loss_impl: str = "fused") -> Check:
 
     fix = ("python -m mindgrpo.ops --ascend (with CANN), or set rl_config.loss_impl=plain" if target == "Ascend"
            else "install g++ (apt-get install g++) and run python -m mindgrpo.ops, or set rl_config.loss_impl=plain")
-    failed = "FAIL" if loss_impl == "fused" else "warn"
+    failed = "FAIL" if runs_fused else "warn"
     start = time.perf_counter()
     previous_mode = ms.get_context("mode")
     try:
@@ -462,7 +464,12 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     yield from check_versions()
     device, count = detect_device()
     yield from check_device(device, count)
-    yield check_fused_op(device, config.rl_config.loss_impl if config else "fused")
+    if config is not None:
+        from mindgrpo.algorithm.loss import LossSettings  # MindSpore: loaded only once the config is known good
+
+        yield check_fused_op(device, LossSettings.from_config(config).runs_fused)
+    else:
+        yield check_fused_op(device)
     generate = config.generate_config if config else None
     yield check_decode_kernels(device, generate.decode_impl if generate else "fused",
                                generate.backend if generate else "native")

@@ -66,14 +66,7 @@ class ModelWorker:
             name: tuple(param.shape) for name, param in self._hf_params.items()}
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
-        self.settings = LossSettings(
-            loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
-            kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
-            max_completion_length=sampling.max_tokens, impl=rl.loss_impl,
-            importance_sampling_level=rl.importance_sampling_level, sapo_temperature_pos=rl.sapo_temperature_pos,
-            sapo_temperature_neg=rl.sapo_temperature_neg, top_entropy_quantile=rl.top_entropy_quantile,
-            entropy_coef=rl.entropy_coef, rollout_correction=rl.rollout_correction,
-            rollout_correction_cap=rl.rollout_correction_cap)
+        self.settings = LossSettings.from_config(config)
         derived = Derived(config)
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
