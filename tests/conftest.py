@@ -115,3 +115,26 @@ def small_run_config(out: Path, dataset: Path, model: Path, *, max_prompt_length
     for key, value in rl.items():
         setattr(cfg.rl_config, key, value)
     return cfg
+
+
+# ---- the suite on two workers (pytest-xdist: `python -m pytest -n 2`, the README's command) ----------------------
+# `--dist loadgroup` (pyproject's addopts) sends each xdist_group to one worker as a whole.
+
+# Tests that start msrun (a scheduler and 2 workers: already both cores) run one after another on one worker: two at
+# once would put 4 training processes on 2 cores and stretch the collectives' timeouts the fault tests measure.
+msrun_group = pytest.mark.xdist_group("msrun")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config, items):
+    """A module-, class- or session-scoped fixture defined in a test module is built once per worker that runs one of
+    its tests: keep that module's tests on one worker (its own group) so an expensive one (a trained run, compiled
+    engines) is built once, as in a serial run."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None or not hasattr(item, "_fixtureinfo"):
+            continue
+        module_id = item.nodeid.split("::", 1)[0]
+        shared = any(defs and defs[-1].scope != "function" and defs[-1].baseid == module_id
+                     for defs in item._fixtureinfo.name2fixturedefs.values())
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(module_id))
