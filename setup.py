@@ -33,7 +33,9 @@ setup(
         # Ascend-only engines: they do not import on CPU, mindgrpo loads them lazily when selected.
         "ascend": ["vllm-mindspore", "mindspore-gs", "msadapter"],
         # torch 2.13.0 is the CPU build on the development image; elsewhere install torch's CPU wheel first.
-        "test": ["pytest", "hypothesis", "torch==2.13.0", "matplotlib", "nbclient", "nbformat", "ipykernel"],
+        # pytest-xdist runs the suite on two workers (the README's `pytest -n 2`).
+        "test": ["pytest", "pytest-xdist>=3.6", "hypothesis", "torch==2.13.0", "matplotlib", "nbclient", "nbformat",
+                 "ipykernel"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["mindgrpo=mindgrpo.cli:main"]},

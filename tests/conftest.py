@@ -115,3 +115,40 @@ def small_run_config(out: Path, dataset: Path, model: Path, *, max_prompt_length
     for key, value in rl.items():
         setattr(cfg.rl_config, key, value)
     return cfg
+
+
+# ---- the suite on two workers (pytest-xdist: `python -m pytest -n 2`, the README's command) ----------------------
+# `--dist loadgroup` (pyproject's addopts) sends each xdist_group to one worker as a whole, in collection order
+# (`--no-loadscope-reorder`).
+
+# Tests that start msrun (a scheduler and 2 workers: already both cores) run one after another on one worker: two at
+# once would put 4 training processes on 2 cores and stretch the collectives' timeouts the fault tests measure.
+msrun_group = pytest.mark.xdist_group("msrun")
+
+# The longest work units start first, so that no worker is left running one of them alone at the end. Measured
+# serially on 2 cores (a quiet machine, 18.9 min in all): the msrun group about 450 s, tests/test_faults.py's group
+# over 120 s, the demo learning 164 s; the next units are under about 100 s.
+LONGEST_FIRST = ("msrun", "tests/test_faults.py", "tests/test_demo_learns.py::test_demo_learns_across_seeds")
+
+
+def _group(item):
+    marker = item.get_closest_marker("xdist_group")
+    return marker.args[0] if marker is not None else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
+def pytest_collection_modifyitems(config, items):
+    """A module-, class- or session-scoped fixture defined in a test module is built once per worker that runs one of
+    its tests: keep that module's tests on one worker (its own group) so an expensive one (a trained run, compiled
+    engines) is built once, as in a serial run. On an xdist worker, the LONGEST_FIRST units move to the front."""
+    for item in items:
+        if _group(item) is not None or not hasattr(item, "_fixtureinfo"):
+            continue
+        module_id = item.nodeid.split("::", 1)[0]
+        shared = any(defs and defs[-1].scope != "function" and defs[-1].baseid == module_id
+                     for defs in item._fixtureinfo.name2fixturedefs.values())
+        if shared:
+            item.add_marker(pytest.mark.xdist_group(module_id))
+    if hasattr(config, "workerinput"):  # a serial run keeps the file order
+        rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(_group(item) or item.nodeid, len(rank)))

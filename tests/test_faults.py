@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, small_run_config
+from conftest import REPO, msrun_group, small_run_config
 from mindgrpo.config import GRPOConfig, dump_yaml
 from mindgrpo.train.metrics import read_metrics
 
@@ -454,6 +454,7 @@ def _data_parallel(cfg: GRPOConfig, ranks: int) -> GRPOConfig:
     return cfg
 
 
+@msrun_group
 def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
     """2-worker msrun data parallel on CPU: both ranks end with identical weights that moved from the start, and
     rank 0 logs every step once. Without ZeRO-1, so each rank applies the averaged gradient itself and identical
@@ -511,6 +512,7 @@ runpy.run_path(MAIN, run_name="__main__")
 """
 
 
+@msrun_group
 def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_resumes(tmp_path, prompts, demo_plain):
     """SIGKILL rank 1 of a 2-worker run started as the README starts it (msrun without --join, main.py): rank 0
     does not hang in its next collective. About 30 s later MindSpore's scheduler declares rank 1 timed out and

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 
+from conftest import msrun_group
 from multinode import LAUNCHER, REPO, check_nodes, launch_nodes
 from test_trainer import make_config, prompts  # noqa: F401  (the shared GSM8K prompt fixture)
 
@@ -75,6 +76,7 @@ def test_launcher_rejects_bad_arguments(tmp_path, args, message):
     assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
+@msrun_group
 def test_two_msrun_nodes_on_one_host(tmp_path):
     """Two launches, node ranks 0 and 1, one worker each, same master address and port: the workers form one
     2-rank job (rank = node_rank x local workers + index) and an AllReduce spans both."""
@@ -97,6 +99,7 @@ exec "{real}" "${{args[@]}}"
         assert f"PROBE rank={node} size=2 argv=['--config', '{CONFIG}', 'rl_config.seed=3']" in log.read_text()
 
 
+@msrun_group
 def test_tp2_grpo_job_as_two_msrun_nodes_equals_one_process(tmp_path, prompts, tiny_model_dir):
     """The TP=2 GRPO job (examples/grpo/main.py on the tiny fixture, 2 steps, lr 1e-4) as two msrun "nodes" of one
     worker each ends with the weights of the same job with model_parallel 1 in one process, run at the same time.

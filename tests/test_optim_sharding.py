@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import msrun_group
 from mindgrpo.train.checkpoint import save_arrays
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.train.optim_state import layout_record, load_resharded, owner_ranks, rank_metadata
@@ -340,6 +341,7 @@ def msrun_results(tmp_path_factory):
     return tmp, [dict(np.load(tmp / f"result_{r}.npz")) for r in range(2)]
 
 
+@msrun_group
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_zero1_equals_unsharded_data_parallel(msrun_results, mode):
     _, ranks = msrun_results
@@ -371,6 +373,7 @@ def test_zero1_equals_unsharded_data_parallel(msrun_results, mode):
         assert int(r[f"{mode}.zero.state.step_count"]) == 3
 
 
+@msrun_group
 def test_zero1_checkpoint_loads_into_one_unsharded_rank(msrun_results):
     tmp, ranks = msrun_results
     names = sorted({k.split(".param.", 1)[1] for k in ranks[0] if k.startswith("graph.full.param.")})
@@ -384,6 +387,7 @@ def test_zero1_checkpoint_loads_into_one_unsharded_rank(msrun_results):
             np.testing.assert_array_equal(state[f"{m}.{n}"], ranks[0][f"graph.full.state.{m}.{n}"])
 
 
+@msrun_group
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_tp2_gradients_and_norm_under_msrun(msrun_results, mode):
     """Real TP=2 collectives: the replicated KV head's gradients are summed, split ones stay local, and the norm is

@@ -26,6 +26,7 @@ from mindgrpo.models.shard_layout import LayoutError, TPLayout, reshard
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
+from conftest import msrun_group  # noqa: E402
 from test_trainer import make_config, prompts  # noqa: E402,F401  (the shared GSM8K prompt fixture)
 from tiny_qwen import make_tiny_qwen2  # noqa: E402
 
@@ -92,6 +93,7 @@ def test_layouts_the_model_cannot_take_are_named():
 
 
 # ---------------------------------------------------------------------------------------------- forward parity
+@msrun_group
 @pytest.mark.parametrize("mode", ["pynative", "graph"])
 def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
     """Tied embeddings with 2 KV heads in PyNative; untied with 1 KV head (replicated on both ranks) in GRAPH."""
@@ -210,6 +212,7 @@ def _step(run: Path, step: int) -> dict:
     return load_file(run / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors")
 
 
+@msrun_group
 @pytest.mark.parametrize("loss", ["fused", "plain"])
 def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
     """The same GRPO steps with model_parallel 2 and 1, with the fused loss op (packed micro-batches) and the
@@ -230,6 +233,7 @@ def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
     assert max(np.abs(trained[k] - initial[k]).max() for k in initial) > 5e-5  # the update moved the weights
 
 
+@msrun_group
 def test_tp2_killed_and_resumed_equals_uninterrupted(tp_runs):
     _assert_same_weights(_final(tp_runs / "tp2"), _final(tp_runs / "killed"), atol=1e-6)
     from mindgrpo.train.metrics import read_metrics
@@ -237,6 +241,7 @@ def test_tp2_killed_and_resumed_equals_uninterrupted(tp_runs):
     assert [r["step"] for r in read_metrics(tp_runs / "killed" / "metrics.jsonl")] == [1, 2, 3]
 
 
+@msrun_group
 def test_tp2_checkpoint_resumes_resharded_on_one_rank(tp_runs):
     """The TP=2 step-2 checkpoint (weights and optimizer shards) resumed with model_parallel 1 reaches the weights of
     the TP=2 run's step 3."""
@@ -246,6 +251,7 @@ def test_tp2_checkpoint_resumes_resharded_on_one_rank(tp_runs):
     assert (layout["tp"], layout["dp"]) == (2, 1)
 
 
+@msrun_group
 def test_tp2_export_loads_in_transformers(tp_runs, tiny_model_dir):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -259,6 +265,7 @@ def test_tp2_export_loads_in_transformers(tp_runs, tiny_model_dir):
     assert np.abs(logits["tp1"] - logits["tp2"]).max() <= 1e-4
 
 
+@msrun_group
 def test_tp2_rank_holds_half_the_model_state(tp_runs):
     one = json.loads((tp_runs / "tp1" / "state_rank0.json").read_text())["model_state_bytes"]
     for rank in (0, 1):
@@ -268,6 +275,7 @@ def test_tp2_rank_holds_half_the_model_state(tp_runs):
         assert 0.5 <= two / one <= 0.55
 
 
+@msrun_group
 def test_the_7b_recipe_runs_as_a_cpu_twin_under_msrun(tmp_path, prompts, tiny_model_dir):
     """examples/grpo/grpo_qwen2_5_7b.yaml itself, every key kept, with CPU-sized values (the tiny model, float32,
     short completions, 2 steps) and model_parallel 2 instead of 4: the recipe's code path (shared prompt, the
