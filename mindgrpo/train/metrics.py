@@ -41,6 +41,7 @@ from mindgrpo._io import NO_SPACE_ERRNOS, atomic_open
 
 METRIC_NAMES: tuple[str, ...] = (
     "timing/all",                  # seconds for the whole step
+    "timing/vision",               # seconds in the vision tower, once per prompt (Qwen2.5-VL; 0 for text)
     "timing/rollout",              # seconds generating completions
     "timing/reference_model",      # seconds computing reference-model log-probs
     "timing/old_log_p",            # seconds computing the rollout policy's log-probs

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mindgrpo.train.prompt_images import VisionBatch
 
 
 @dataclass
@@ -16,6 +19,7 @@ class RolloutBatch:
     completion_mask: np.ndarray  # int32 [N, T]
     truncated: Optional[np.ndarray] = None  # bool [N]: reached max_tokens without EOS; None: none did
     mask_truncated: bool = False  # rl_config.mask_truncated_completions: truncated completions are not in the loss
+    vision: Optional["VisionBatch"] = None  # Qwen2.5-VL prompts: M-RoPE positions and image features; None: text
 
     def __post_init__(self) -> None:
         self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
@@ -35,3 +39,11 @@ class RolloutBatch:
         """int32 [N]: real prompt tokens of each completion's prompt."""
         per_prompt = self.prompt_mask.sum(1).astype(np.int32)
         return np.repeat(per_prompt, len(self.completion_ids) // len(self.prompt_ids))
+
+    @property
+    def completion_starts(self) -> np.ndarray:
+        """int [B]: the position of each prompt's first completion token: its real length for text, its last
+        M-RoPE position + 1 for a Qwen2.5-VL prompt (an image advances positions by less than its tokens)."""
+        if self.vision is not None:
+            return self.vision.completion_starts(self.prompt_ids.shape[1])
+        return self.prompt_mask.sum(1).astype(np.int64)

@@ -146,13 +146,18 @@ class GRPOTrainer:
         longest = self.dataset.planned_longest_prompts(rl.batch_size, self.total_steps - self.step, seed=rl.seed,
                                                        rank=self.dist.dp_rank, world_size=self.dist.dp_size)
         widths = sorted({Derived(self.config).prompt_width(int(length)) for length in longest}, reverse=True)
+        if self.dataset.has_images:  # the vision tower's patch buckets of every image the run may meet
+            self.worker.precompile_vision(self.dataset.image_patch_counts())
         for width in widths:
-            self.worker.generate(list(_distinct_prompts(rl.batch_size, width)), seed=0)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size, width)
+            self.worker.generate(list(prompts), seed=0, images=images)
         for width in widths:
-            prompts = _distinct_prompts(rl.batch_size, width)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size, width)
             self.worker.precompile(RolloutBatch(prompts, np.ones_like(prompts),
                                                 np.zeros((completions, max_tokens), np.int32),
-                                                np.ones((completions, max_tokens), np.int32)))
+                                                np.ones((completions, max_tokens), np.int32),
+                                                vision=self.worker.vision_batch(prompts, np.ones_like(prompts),
+                                                                                images)))
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
@@ -188,10 +193,13 @@ class GRPOTrainer:
         step_start = time.perf_counter()
         batch = next(self._batches)
 
-        # 1. Rollout: num_generations completions per prompt from the current policy.
+        # 1. Rollout: num_generations completions per prompt from the current policy (Qwen2.5-VL: the vision tower
+        #    runs once per prompt first, and its features serve the rollout and every forward of the step).
+        with _timed(timings, "timing/vision"):
+            images = self.worker.embed_images(batch.images)
         with _timed(timings, "timing/rollout"):
-            generated = self.worker.generate(batch.prompt_ids, seed=self._sampling_seed())
-        rollouts = self.last_rollouts = self._rollout_batch(batch, generated)
+            generated = self.worker.generate(batch.prompt_ids, seed=self._sampling_seed(), images=images)
+        rollouts = self.last_rollouts = self._rollout_batch(batch, generated, images)
 
         # 2. Score every completion with the rule-based verifiers (a verifier that fails on all of them raises).
         completions = self.tokenizer.batch_decode(
@@ -244,9 +252,10 @@ class GRPOTrainer:
         return int(np.random.SeedSequence([self.config.rl_config.seed, self.step, self.dist.dp_rank])
                    .generate_state(1)[0] & 0x7FFFFFFF)
 
-    def _rollout_batch(self, batch: PromptBatch, generated: RolloutResult) -> RolloutBatch:
+    def _rollout_batch(self, batch: PromptBatch, generated: RolloutResult, images=None) -> RolloutBatch:
         """Left-pad the prompts to a bucket P (few distinct shapes: each compiles once) beside the completions;
-        mark those that reached max_tokens without EOS (left out of the loss under mask_truncated_completions)."""
+        mark those that reached max_tokens without EOS (left out of the loss under mask_truncated_completions);
+        Qwen2.5-VL prompts carry their M-RoPE positions and image features (``images``)."""
         completion_ids, completion_mask = generated.completion_ids, generated.completion_mask
         width = Derived(self.config).prompt_width(int(batch.lengths.max()))
         prompt = np.full((len(batch), width), self.tokenizer.pad_token_id, np.int32)
@@ -257,7 +266,8 @@ class GRPOTrainer:
         completion_ids = np.where(completion_mask > 0, completion_ids, self.tokenizer.pad_token_id).astype(np.int32)
         truncated = np.array([reason == FINISH_LENGTH for reason in generated.finish_reasons], bool)
         return RolloutBatch(prompt, prompt_mask, completion_ids, completion_mask.astype(np.int32), truncated,
-                            mask_truncated=self.config.rl_config.mask_truncated_completions)
+                            mask_truncated=self.config.rl_config.mask_truncated_completions,
+                            vision=self.worker.vision_batch(prompt, prompt_mask, images))
 
     def _step_metrics(self, rollouts: RolloutBatch, rewards, overlong: np.ndarray, advantages, zero_std_groups: int,
                       update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:
@@ -364,12 +374,6 @@ class GRPOTrainer:
         self.step, self.skipped_in_a_row = int(state["step"]), int(state["skipped_in_a_row"])
         if self.dist.is_main:
             print(f"[mindgrpo] resumed from {path} at step {self.step}", flush=True)
-
-
-def _distinct_prompts(count: int, width: int) -> np.ndarray:
-    """``count`` different dummy prompts of ``width`` tokens (the rollout engine computes each distinct prompt once,
-    so its graph shapes depend on how many there are)."""
-    return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
 
 
 def short_name(verifier: str) -> str:
