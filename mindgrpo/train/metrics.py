@@ -41,7 +41,6 @@ from mindgrpo._io import NO_SPACE_ERRNOS, atomic_open
 
 METRIC_NAMES: tuple[str, ...] = (
     "timing/all",                  # seconds for the whole step
-    "timing/vision",               # seconds in the vision tower, once per prompt (Qwen2.5-VL; 0 for text)
     "timing/rollout",              # seconds generating completions
     "timing/reference_model",      # seconds computing reference-model log-probs
     "timing/old_log_p",            # seconds computing the rollout policy's log-probs
@@ -69,7 +68,8 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 """Standard metric names. The trainer adds `grpo/rewards/<verifier>` (mean reward of each verifier), counters, and
 DAPO's length figures: `grpo/truncated_frac` (share of completions that reached max_tokens without EOS) and
-`grpo/overlong_penalty/mean` (the mean overlong penalty added to the rewards, 0 when off)."""
+`grpo/overlong_penalty/mean` (the mean overlong penalty added to the rewards, 0 when off), and `timing/vision` (seconds
+in the Qwen2.5-VL vision tower, run once per prompt before the rollout; 0 for text)."""
 
 METRIC_ALIASES: dict[str, str] = {
     "rollout_tps": "vllm_tps",

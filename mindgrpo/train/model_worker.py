@@ -127,10 +127,11 @@ class ModelWorker:
         """The M-RoPE positions and features of a step's left-padded prompts (None for text)."""
         return None if images is None else self.vision.batch(prompt_ids, prompt_mask, images)
 
-    def dummy_prompts(self, count: int, width: int):
-        """``count`` distinct dummy prompts of ``width`` tokens and their images (None for text), to precompile
-        (the rollout engine computes each distinct prompt once, so its graph shapes depend on how many there are)."""
-        if self.vision is not None:
+    def dummy_prompts(self, count: int, width: int, with_images: bool):
+        """``count`` distinct dummy prompts of ``width`` tokens and, ``with_images`` (a Qwen2.5-VL run on image
+        data), their images (else None), to precompile (the rollout engine computes each distinct prompt once, so
+        its graph shapes depend on how many there are)."""
+        if with_images:
             return self.vision.dummy(count, width)
         return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32), None
 

@@ -149,10 +149,10 @@ class GRPOTrainer:
         if self.dataset.has_images:  # the vision tower's patch buckets of every image the run may meet
             self.worker.precompile_vision(self.dataset.image_patch_counts())
         for width in widths:
-            prompts, images = self.worker.dummy_prompts(rl.batch_size, width)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size, width, self.dataset.has_images)
             self.worker.generate(list(prompts), seed=0, images=images)
         for width in widths:
-            prompts, images = self.worker.dummy_prompts(rl.batch_size, width)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size, width, self.dataset.has_images)
             self.worker.precompile(RolloutBatch(prompts, np.ones_like(prompts),
                                                 np.zeros((completions, max_tokens), np.int32),
                                                 np.ones((completions, max_tokens), np.int32),

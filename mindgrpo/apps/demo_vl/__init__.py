@@ -80,7 +80,7 @@ def demo_config(demo: VLDemo, output_dir: Union[str, Path], *, steps: int, seed:
     rl.save_ckpt_interval, rl.save_max_ckpt_num = steps, 1
     cfg.actor_config.load = str(demo.model_dir)
     cfg.actor_config.micro_batch_size = 16
-    cfg.actor_config.lr_schedule.learning_rate = 3e-4
+    cfg.actor_config.lr_schedule.learning_rate = 1e-3
     cfg.actor_config.lr_schedule.warmup_steps = 0
     cfg.generate_config.infer_model_batch_size = 64
     cfg.generate_config.sampling_config.max_tokens = MAX_TOKENS
