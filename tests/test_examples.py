@@ -44,6 +44,7 @@ def test_qwen2_5_vl_7b_geo3k_recipe_validates_and_fits_eight_npus():
     assert config.generate_config.backend == "native" and rl.share_prompt and actor.freeze_vision_tower
     assert config.reward_config.verifier_function == ["geo3k_reward"]
     # verl examples/grpo_trainer/run_qwen2_5_vl-7b.sh
-    assert (rl.num_generations, rl.max_prompt_length, config.generate_config.sampling_config.max_tokens) == (5, 1024, 2048)
+    sampling = config.generate_config.sampling_config
+    assert (rl.num_generations, rl.max_prompt_length, sampling.max_tokens) == (5, 1024, 2048)
     assert (actor.lr_schedule.learning_rate, rl.beta, rl.kl_estimator) == (1e-6, 0.01, "k3")
     assert rl.batch_size * 8 == 128 and actor.micro_batch_size == 10 and rl.epochs == 15

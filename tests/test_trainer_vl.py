@@ -38,7 +38,8 @@ def geo3k_prompts(tmp_path_factory, vl_dir):
 
 def make_config(out, dataset, model, **rl):
     cfg = small_run_config(out, dataset, model, max_prompt_length=160, seq_length=176, max_tokens=8,
-                           verifiers=["geo3k_reward", "toy_verifiers:text_length"], mode="graph", save_ckpt_interval=1, **rl)
+                           verifiers=["geo3k_reward", "toy_verifiers:text_length"], mode="graph",
+                           save_ckpt_interval=1, **rl)
     cfg.rl_config.seed = 3
     cfg.generate_config.sampling_config.temperature = 1.0
     cfg.actor_config.max_tokens_per_micro_batch = 16  # the packed forwards (the update's) ...
@@ -102,7 +103,8 @@ def test_vl_checkpoint_loads_in_transformers_with_the_trained_weights(vl_run, vl
     saved, source = load_file(folder / "model.safetensors"), load_file(vl_dir / "model.safetensors")
     visual = [name for name in saved if name.startswith("visual.")]
     assert visual and all(np.array_equal(saved[n], source.get(n, source.get("model." + n))) for n in visual)
-    moved = [n for n in saved if not n.startswith("visual.") and n in source and not np.array_equal(saved[n], source[n])]
+    moved = [n for n in saved
+             if not n.startswith("visual.") and n in source and not np.array_equal(saved[n], source[n])]
     assert moved, "the language model's weights did not change"
     state = model.state_dict()
     name = "lm_head.weight"

@@ -30,8 +30,8 @@ from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
 from mindgrpo.models.export import export_hf_arrays
 from mindgrpo.models.hf_config import VL_MODEL_TYPES
-from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
 from mindgrpo.train import checkpoint as ckpt
