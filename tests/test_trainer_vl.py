@@ -150,3 +150,16 @@ def test_vl_training_forwards_score_what_the_rollout_sampled(vl_run, geo3k_promp
         error = np.abs(scored - generated.logprobs)[real].max()
         assert error < 1e-4, f"{name}: max |actor log-prob - rollout log-prob| = {error:.3g}"
     assert np.abs(generated.logprobs[real]).max() > 1.0  # a real comparison
+
+
+def test_image_data_on_a_text_model_is_refused(tmp_path, geo3k_prompts, vl_dir, tiny_model_dir):
+    """Images the actor cannot see are refused before any model is built, naming both keys."""
+    from mindgrpo.data import DataError, PromptDataset
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.train.preflight import check_run_inputs
+
+    cfg = make_config(tmp_path, geo3k_prompts, tiny_model_dir)
+    cfg.rl_config.tokenizer_dir = str(vl_dir)
+    with pytest.raises(DataError, match=r"rl_config.dataset_file = .* holds images but actor_config.load = .* is a "
+                                        r"text model"):
+        check_run_inputs(cfg, load_tokenizer(vl_dir), PromptDataset(geo3k_prompts))
