@@ -1,13 +1,14 @@
 #!/usr/bin/env python
 """What the vision tower costs a GRPO step: the VL demo's model against the text-only model of the same language size.
 
-Workload: the embedded VL demo (:mod:`mindgrpo.apps.demo_vl`, without its warm start: timing does not depend on the
-weights) — 8 pictures x 8 samples per step, 8 new tokens — and the same language model as a plain Qwen2 folder (the
-demo's text_config and weights without ``visual.*``) on text prompts of the same token length (the 9 image tokens
-become 9 words). Each run is its own process (peak RSS is per process, ``ru_maxrss``), in GRAPH mode, precompiled;
-the figure is the mean of ``timing/all`` over the steps after the first. For the VL run it also prints the tower's
-share of step time (``timing/vision`` / ``timing/all``) and the tower's counter, which must equal steps x prompts:
-the tower runs once per prompt per step, not once per sample or per forward.
+Workload: the embedded VL demo (:mod:`mindgrpo.apps.demo_vl`, without its warm start) — 8 pictures x 8 samples per
+step, up to 8 new tokens — and the same language model, same weights, as a plain Qwen2 folder (the demo's text_config
+and weights without ``visual.*``) on text prompts of the same token length (the 9 image tokens become digits,
+different in every prompt as the pictures are: the engine prefills identical prompts once). The completions' mean
+length is printed for both, since step time follows it. Each run is its own process (peak RSS is per process,
+``ru_maxrss``), in GRAPH mode, precompiled; the figure is the mean of ``timing/all`` over the steps after the first.
+For the VL run it also prints the tower's share of step time (``timing/vision`` / ``timing/all``) and the tower's
+counter, which must equal steps x prompts: the tower runs once per prompt per step, not per sample or per forward.
 
     python tools/bench_vl.py [--steps 6]
 """
@@ -28,6 +29,7 @@ def text_twin(demo, root: Path):
     length."""
     import shutil
 
+    import numpy as np
     from safetensors.numpy import load_file, save_file
 
     from mindgrpo.apps.demo_vl import MAX_PROMPT_LENGTH, PROMPT_TEMPLATE
@@ -50,9 +52,11 @@ def text_twin(demo, root: Path):
     tok = load_tokenizer(folder)
     target = int(vl.lengths[0])
     filler = 9
-    for _ in range(40):  # words in place of the picture until the text prompt is as long as the VL one
-        question = QUESTION.replace("<image>", "square " * filler)
-        rows = [{"question": question, "answer": f"#### {gold}"} for gold in vl.golds]
+    digits = np.random.default_rng(0).integers(0, 10, size=(len(vl), 64))
+    for _ in range(40):  # digits (one token each) in place of the picture, different in every prompt (as the
+        #                  pictures are: the engine prefills identical prompts once), until the text prompt is as long
+        rows = [{"question": QUESTION.replace("<image>", "".join(map(str, digits[i, :filler])) + " "),
+                 "answer": f"#### {gold}"} for i, gold in enumerate(vl.golds)]
         (root / "text.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
         out = root / "text.mindrecord"
         try:
@@ -87,6 +91,7 @@ def child(kind: str, model_dir: str, dataset: str, out: str, steps: int) -> None
               "vision_seconds_per_step": float(np.mean([r["timing/vision"] for r in rows[1:]])),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
               "prompt_length": float(rows[-1]["prompt_length/mean"]),
+              "response_length": float(np.mean([r["response_length/mean"] for r in rows[1:]])),
               "prompts_embedded": vision.prompts_embedded if vision is not None else None,
               "expected_embedded": steps * cfg.rl_config.batch_size}
     print("RESULT " + json.dumps(result), flush=True)
@@ -119,6 +124,7 @@ def main() -> None:
         vl = run_child("vl", demo.model_dir, demo.dataset_file, root, args.steps)
         text = run_child("text", text_model, text_data, root, args.steps)
     print(f"prompt tokens: VL {vl_length}, text {text_length}; {args.steps} steps of 8 prompts x 8 samples, GRAPH")
+    print(f"completion tokens (mean): VL {vl['response_length']:.2f}, text {text['response_length']:.2f}")
     print(f"seconds/step: VL {vl['seconds_per_step']:.3f}, text {text['seconds_per_step']:.3f}, "
           f"ratio {vl['seconds_per_step'] / text['seconds_per_step']:.2f}x")
     print(f"peak RSS MiB: VL {vl['peak_rss_mib']:.0f}, text {text['peak_rss_mib']:.0f}, "
