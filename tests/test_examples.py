@@ -25,3 +25,26 @@ def test_7b_layout_fits_eight_npus():
                               key=f"{key}.parallel_config", **QWEN2_5_7B)
     assert config.actor_config.parallel_config.model_parallel == 4 and config.rl_config.share_prompt
     assert config.generate_config.backend == "native" and config.actor_config.compute_dtype == "bfloat16"
+
+
+def test_qwen2_5_vl_7b_geo3k_recipe_validates_and_fits_eight_npus():
+    """The geo3k recipe: valid, a data-parallel layout Qwen2.5-VL-7B's language model (Qwen2.5-7B's shape) fits on
+    8 NPUs, and the choices a Qwen2.5-VL actor needs (the trainer's preflight refuses others): native engine,
+    shared-prompt forward, one tensor-parallel rank, frozen vision tower; verl's seed values where mindgrpo has them."""
+    from mindgrpo.config import check_micro_batches
+
+    path = EXAMPLES.parent / "grpo_vl" / "grpo_qwen2_5_vl_7b_geo3k.yaml"
+    config = validate(load_config(path), check_paths=False)
+    check_micro_batches(config)
+    for key in ("actor_config", "ref_config", "generate_config"):
+        check_parallel_layout(getattr(config, key).parallel_config, world_size=8, device_target="Ascend",
+                              key=f"{key}.parallel_config", **QWEN2_5_7B)
+    rl, actor = config.rl_config, config.actor_config
+    assert actor.parallel_config.model_parallel == 1 and actor.parallel_config.data_parallel == 8
+    assert config.generate_config.backend == "native" and rl.share_prompt and actor.freeze_vision_tower
+    assert config.reward_config.verifier_function == ["geo3k_reward"]
+    # verl examples/grpo_trainer/run_qwen2_5_vl-7b.sh
+    sampling = config.generate_config.sampling_config
+    assert (rl.num_generations, rl.max_prompt_length, sampling.max_tokens) == (5, 1024, 2048)
+    assert (actor.lr_schedule.learning_rate, rl.beta, rl.kl_estimator) == (1e-6, 0.01, "k3")
+    assert rl.batch_size * 8 == 128 and actor.micro_batch_size == 10 and rl.epochs == 15

@@ -400,10 +400,15 @@ def test_model_whose_vocabulary_does_not_fit_the_tokenizer_is_refused(tmp_path, 
         GRPOTrainer(cfg)
 
 
-def test_vision_language_model_is_refused_before_training(tmp_path, prompts, demo_plain, no_model_build):
-    """Qwen2.5-VL scores and exports, but the trainer does not run its vision tower yet: refused up front, in the
-    nested config spelling transformers 4.57 saves (no top-level vocab_size)."""
-    from mindgrpo.data import DataError
+def test_vision_language_layouts_that_cannot_run_are_refused_before_training(tmp_path, prompts, demo_plain,
+                                                                              no_model_build):
+    """A Qwen2.5-VL actor (in the nested config spelling transformers 4.57 saves, no top-level vocab_size) trains on
+    the native engine with the shared-prompt forward on one tensor-parallel rank: every other choice is refused up
+    front, each by its key; training the vision tower is refused by the config check."""
+    from mindgrpo.config import ConfigError
+    from mindgrpo.data import PromptDataset
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.train.preflight import check_run_inputs
     from mindgrpo.train.trainer import GRPOTrainer
 
     vl = _copy_model(demo_plain, tmp_path / "vl")
@@ -412,8 +417,21 @@ def test_vision_language_model_is_refused_before_training(tmp_path, prompts, dem
     text["rope_scaling"] = {"type": "mrope", "mrope_section": [head_half - 2 * (head_half // 3)] + [head_half // 3] * 2}
     (vl / "config.json").write_text(json.dumps({"model_type": "qwen2_5_vl", "text_config": text}), encoding="utf-8")
     cfg = make_config(tmp_path / "run", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
-    with pytest.raises(DataError, match=rf"actor_config.load = {vl} is a qwen2_5_vl \(vision-language\) model: "
-                                        r"GRPO training of Qwen2.5-VL is not available yet"):
+    cfg.rl_config.share_prompt = False
+    cfg.generate_config.backend = "mindformers"
+    with pytest.raises(ConfigError, match=rf"actor_config.load = {vl} is a Qwen2.5-VL model:") as err:
+        GRPOTrainer(cfg)
+    assert "generate_config.backend = mindformers" in str(err.value)
+    assert "rl_config.share_prompt = false" in str(err.value)
+    cfg = make_config(tmp_path / "run1", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
+    cfg.actor_config.parallel_config.model_parallel = 2  # the check the trainer runs before any process group
+    with pytest.raises(ConfigError, match=r"actor_config.parallel_config.model_parallel = 2: tensor parallelism "
+                                          r"does not yet run the vision tower"):
+        check_run_inputs(cfg, load_tokenizer(demo_plain.model_dir), PromptDataset(prompts))
+    cfg = make_config(tmp_path / "run2", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
+    cfg.actor_config.freeze_vision_tower = False
+    with pytest.raises(ConfigError, match=r"actor_config.freeze_vision_tower = false: training the Qwen2.5-VL "
+                                          r"vision tower is not supported yet"):
         GRPOTrainer(cfg)
 
 

@@ -46,7 +46,7 @@ def test_each_package_row_names_every_module_and_subpackage_it_holds():
 
 def test_tools_and_examples_rows_name_every_file():
     rows = {name: what for where, what in layout_rows() for name in where}
-    for folder, pattern in (("tools/", "*.py"), ("examples/grpo/", "*")):
+    for folder, pattern in (("tools/", "*.py"), ("examples/grpo/", "*"), ("examples/grpo_vl/", "*")):
         listed = set(CODE.findall(rows[folder]))
         for path in sorted((ROOT / folder).glob(pattern)):
             if path.suffix in (".py", ".ipynb"):

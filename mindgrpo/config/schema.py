@@ -112,6 +112,11 @@ class ActorConfig:
     at a time, for one more forward of the layers per update. Same gradients, much less activation memory (4 x 128
     prompt + 32 x 128 completion tokens, 8 small layers, CPU: 1027 -> 370 MiB, ``tools/bench_recompute.py``).
     Applies with ``rl_config.share_prompt: true``; reference and old-logprob scoring have no backward."""
+    freeze_vision_tower: bool = True
+    """Qwen2.5-VL: keep the vision tower frozen, as verl's and MindSpeed-MM's geo3k recipes do. It is then out of
+    the optimizer, runs once per prompt per step (its features serve the rollout, the reference and every update
+    pass) and the reference model shares it instead of holding a copy. ``false`` (training the tower) is not
+    supported yet and refused. No effect on text models."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     """Training layout of the actor."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)

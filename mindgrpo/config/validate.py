@@ -43,7 +43,8 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     """Check values and (optionally) that every input path exists; raise one ConfigError listing all problems."""
     problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
                 + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
-                + _reward_problems(config) + _generation_problems(config))
+                + _reward_problems(config) + _generation_problems(config)
+                + _vision_problems(config))
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -52,6 +53,14 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
         where = f" in {config.config_path}" if config.config_path else ""
         raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
     return config
+
+
+def _vision_problems(config: GRPOConfig) -> List[str]:
+    """Training the vision tower needs its gradient path (features per completion, tower in the optimizer)."""
+    if config.actor_config.freeze_vision_tower:
+        return []
+    return ["actor_config.freeze_vision_tower = false: training the Qwen2.5-VL vision tower is not supported yet; "
+            "set it to true (the tower stays frozen, as in verl's and MindSpeed-MM's geo3k recipes)"]
 
 
 def _choice_problems(config: GRPOConfig) -> List[str]:
@@ -323,6 +332,8 @@ def parallel_layout_dims(hf_config: Mapping) -> dict:
     """The numbers of a Hugging Face config.json that :func:`check_parallel_layout` checks a layout against (the
     vocabulary and MLP sizes only when present). Raises KeyError, ValueError or TypeError for a config without
     usable head and layer counts."""
+    # Qwen2.5-VL configs saved by transformers >= 4.52 nest the language model's keys in text_config
+    hf_config = {**hf_config, **(hf_config.get("text_config") or {})}
     heads = int(hf_config["num_attention_heads"])
     return dict(num_heads=heads, num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
                 num_layers=int(hf_config["num_hidden_layers"]),

@@ -1,5 +1,7 @@
 """The trainer's prompt loader: a converted prompt MindRecord as deterministic, data-parallel-sharded, resumable
-batches of prompts."""
+batches of prompts. A MindRecord with images (geo3k) keeps each prompt's image files in memory, encoded, and a batch
+carries them preprocessed as the model folder's image processor does (:mod:`mindgrpo.data.images`), with the
+settings the conversion recorded, so the image token counts of the stored prompts match."""
 from __future__ import annotations
 
 import itertools
@@ -10,7 +12,7 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from mindgrpo.data.mindrecord import FORMAT_NAME, FORMAT_VERSION, index_path
+from mindgrpo.data.mindrecord import FORMAT_NAME, FORMAT_VERSION, IMAGE_FIELDS, index_path, stored_images
 from mindgrpo.data.readers import DataError, PathLike
 
 
@@ -24,13 +26,23 @@ class PromptRow:
 
 
 @dataclass(frozen=True)
+class PromptImagePixels:
+    """One prompt's images preprocessed for Qwen2.5-VL's vision tower (what `Qwen2VLImageProcessor` returns)."""
+    pixel_values: np.ndarray    # float32 [patches, C * T * patch * patch], the prompt's images concatenated
+    image_grid_thw: np.ndarray  # int64 [images, 3]
+
+
+@dataclass(frozen=True)
 class PromptBatch:
-    """A batch of prompts as stored: `input_ids` [B, max_prompt_length] right-padded, `lengths` [B] real tokens."""
+    """A batch of prompts as stored: `input_ids` [B, max_prompt_length] right-padded, `lengths` [B] real tokens.
+    `images`: for a MindRecord with images, one entry per prompt (None for a prompt without images); None for a
+    text MindRecord."""
     indices: np.ndarray
     input_ids: np.ndarray
     lengths: np.ndarray
     golds: list[str]
     questions: list[str]
+    images: Optional[list[Optional[PromptImagePixels]]] = None
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -58,6 +70,19 @@ class PromptDataset:
         self.line_nos: np.ndarray = columns["line_no"][order]
         self.golds: list[str] = [columns["gold"][i] for i in order]
         self.questions: list[str] = [columns["question"][i] for i in order]
+        # encoded image files and their stored grids per prompt (None: a text MindRecord)
+        self.image_files: Optional[list[tuple[list[bytes], np.ndarray]]] = (
+            [columns["images"][i] for i in order] if "images" in columns else None)
+        self._image_config = None
+        if self.image_files is not None:
+            from mindgrpo.data.images import ImageProcessorConfig
+
+            stored = self.metadata.get("image_processor")
+            if not isinstance(stored, dict):
+                raise DataError(f"{self.path}: the MindRecord holds images but not the image processor settings they "
+                                "were converted with; convert it again with tools/rlhf_data.py")
+            self._image_config = ImageProcessorConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                                         for k, v in stored.items()})
         self._epoch = 0
         self._position = 0
         self._expected: Optional[tuple[int, int]] = None  # (seed, global batch) a loaded state was saved with
@@ -69,6 +94,29 @@ class PromptDataset:
     def __getitem__(self, index: int) -> PromptRow:
         n = int(self.lengths[index])
         return PromptRow(self.input_ids[index, :n], self.golds[index], self.questions[index], int(self.line_nos[index]))
+
+    @property
+    def has_images(self) -> bool:
+        """Whether the prompts carry images (a geo3k MindRecord)."""
+        return self.image_files is not None
+
+    def image_patch_counts(self) -> list[int]:
+        """The vision-tower patches of each prompt with images (from the stored grids, nothing decoded)."""
+        return [int(np.prod(grids, axis=1).sum()) for files, grids in self.image_files or () if files]
+
+    def prompt_images(self, index: int) -> Optional[PromptImagePixels]:
+        """Prompt ``index``'s images decoded and preprocessed (None: it has none). Its grids must be those the
+        conversion stored: they fixed how many <|image_pad|> tokens the prompt holds."""
+        if self.image_files is None or not self.image_files[index][0]:
+            return None
+        from mindgrpo.data.images import decode_image, preprocess_images
+
+        files, grids = self.image_files[index]
+        pixels, grid = preprocess_images([decode_image(data) for data in files], self._image_config)
+        if not np.array_equal(grid, grids):
+            raise DataError(f"{self.path}: the images of source row {int(self.line_nos[index])} preprocess to grids "
+                            f"{grid.tolist()} but the MindRecord stored {grids.tolist()}; convert it again")
+        return PromptImagePixels(pixels.astype(np.float32, copy=False), grid)
 
     @property
     def max_prompt_length(self) -> int:
@@ -107,8 +155,9 @@ class PromptDataset:
             if num_epochs is not None and self._epoch >= num_epochs:
                 return
             self._epoch, self._position = epoch, position  # before yielding: state_dict() names the next batch
+            images = None if self.image_files is None else [self.prompt_images(int(i)) for i in indices]
             yield PromptBatch(indices, self.input_ids[indices], self.lengths[indices],
-                              [self.golds[i] for i in indices], [self.questions[i] for i in indices])
+                              [self.golds[i] for i in indices], [self.questions[i] for i in indices], images)
 
     def planned_longest_prompts(self, batch_size: int, num_batches: int, *, seed: int, rank: int = 0,
                                 world_size: int = 1, shuffle: bool = True) -> np.ndarray:
@@ -194,6 +243,8 @@ def _read_prompt_mindrecord(path: Path) -> tuple[dict, dict]:
                "prompt_length": np.array([r["prompt_length"] for r in rows], dtype=np.int32),
                "line_no": np.array([r["line_no"] for r in rows], dtype=np.int64),
                "gold": [str(r["gold"]) for r in rows], "question": [str(r["question"]) for r in rows]}
+    if all(name in schema for name in IMAGE_FIELDS):
+        columns["images"] = [stored_images(r) for r in rows]
     width = columns["prompt_ids"].shape[1]
     bad = np.flatnonzero((columns["prompt_length"] < 0) | (columns["prompt_length"] > width))
     if bad.size:

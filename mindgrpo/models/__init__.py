@@ -21,8 +21,9 @@ module                                           what it is, and when it runs
 Qwen2.5-VL adds to the same math, not a fourth copy: :mod:`~mindgrpo.models.vision` (the vision tower),
 :mod:`~mindgrpo.models.mrope` (its three-row positions, on the host), :mod:`~mindgrpo.models.image_tokens` (image
 features in place of ``<|image_pad|>``) and :mod:`~mindgrpo.models.full_sequence` (a plain full-sequence forward
-over :mod:`~mindgrpo.models.qwen2_blocks` with M-RoPE, checked against transformers' logits). They are not yet wired
-into the trainer or the rollout engines (issue 16 continues).
+over :mod:`~mindgrpo.models.qwen2_blocks` with M-RoPE, checked against transformers' logits). The native rollout
+engine and the shared-prompt and packed forwards take their outputs; :mod:`mindgrpo.train.prompt_images` runs the
+tower in training.
 
 Every MindFormers import in mindgrpo is in this package or reaches it through this package, so it is imported
 once, here, without the packages it loads only for features mindgrpo never uses (see

@@ -25,6 +25,8 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindgrpo.models.hf_config import language_model_config
+
 # HF name suffix -> the axis it is split on (None: replicated). Layer weights are matched by their suffix.
 _SPLIT_AXIS = {
     "model.embed_tokens.weight": 0, "lm_head.weight": 0,
@@ -67,6 +69,7 @@ class TPLayout:
 
     @classmethod
     def for_hf_config(cls, hf_config: Mapping, tp: int, rank: int) -> "TPLayout":
+        hf_config = language_model_config(hf_config)  # a Qwen2.5-VL config may nest them in text_config
         heads = int(hf_config["num_attention_heads"])
         layout = cls(tp=tp, rank=rank, num_heads=heads,
                      num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),

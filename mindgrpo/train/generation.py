@@ -25,7 +25,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from mindgrpo.rewards.scorer import RewardBatch
-from mindgrpo.rollout import FINISH_LENGTH, RolloutResult
+from mindgrpo.rollout import FINISH_LENGTH, PromptImages, RolloutResult
 from mindgrpo.train.rollout_batch import RolloutBatch
 
 
@@ -62,6 +62,7 @@ class Round:
     completions: List[str]        # decoded, one per completion
     rewards: RewardBatch
     overlong: np.ndarray          # float32 [N]: the overlong penalty already added to the rewards (0 when off)
+    images: Optional[List[Optional[PromptImages]]] = None  # Qwen2.5-VL: each prompt's embedded images; None: text
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Generation:
     first_round: Round
     rounds: int
     steps: int
+    images: Optional[List[Optional[PromptImages]]]  # each group's prompt's embedded images (Qwen2.5-VL); None: text
     advantages: Optional[np.ndarray] = None          # float32 [N], set by the trainer
     old_logp: List[np.ndarray] = field(default_factory=list)  # per step, when the update needs the old policy's
     taken: int = 0                                   # steps handed out so far
@@ -118,7 +120,8 @@ class Generation:
                    {name: sum(rd.rewards.failures[name] for rd in rounds) for name in names},
                    {name: sum(rd.rewards.timeouts[name] for rd in rounds) for name in names},
                    [rounds[r].completions[i] for r, i in rows], [rounds[r].golds[i // G] for r, i in rows],
-                   prompts, rounds[0], total_rounds, steps)
+                   prompts, rounds[0], total_rounds, steps,
+                   None if rounds[0].images is None else [rounds[r].images[g] for r, g in chosen])
 
     @property
     def unfilled_groups(self) -> int:

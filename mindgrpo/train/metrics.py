@@ -83,7 +83,8 @@ METRIC_NAMES: tuple[str, ...] = (
   between the two; 1 when they agree). The training log-probs are those of the update's first pass, taken in the
   loss graph (no extra forward); on the later steps of a generation (`steps_per_generation` > 1) the weights have
   moved since sampling, so the gap also holds that change; both are of the temperature-scaled distribution, so top-k, top-p, min_tokens and
-  repetition penalty, which the engine applies and the training forward does not, show up as a gap."""
+  repetition penalty, which the engine applies and the training forward does not, show up as a gap.
+- `timing/vision`: seconds in the Qwen2.5-VL vision tower, run once per prompt before the rollout (0 for text)."""
 
 METRIC_ALIASES: dict[str, str] = {
     "rollout_tps": "vllm_tps",

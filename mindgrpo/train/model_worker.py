@@ -9,11 +9,16 @@ numpy results and float metrics back, so the orchestration in :mod:`mindgrpo.tra
 * ``update``: ``num_iterations`` optimizer steps, each accumulating the gradients of the micro-batches (padded,
   or packed rows: :mod:`mindgrpo.train.packing`), reducing them over ranks, clipping by the global norm, AdamW;
 * ``export`` / ``load_weights`` / ``save_optimizer_shard`` / ``load_optimizer``: what a checkpoint holds.
+
+A Qwen2.5-VL actor (its ``config.json`` has a ``vision_config``) adds the frozen vision tower
+(:mod:`mindgrpo.train.prompt_images`): ``embed_images`` runs it once per prompt per step, ``generate`` takes the
+result, ``vision_batch`` makes the step's M-RoPE positions and features, which ride in the ``RolloutBatch`` to
+every forward (actor and reference alike, so the reference holds no tower); checkpoints export it as ``visual.*``.
 """
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -24,14 +29,17 @@ from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, step_row
 from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
 from mindgrpo.models.export import export_hf_arrays
+from mindgrpo.models.hf_config import VL_MODEL_TYPES
 from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
-from mindgrpo.rollout import SamplingParams, build_rollout_engine
+from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train.distributed import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
 from mindgrpo.train.packing import MicroBatch, micro_batches
+from mindgrpo.train.prompt_images import PromptVision, VisionBatch
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.step_graphs import (AccumulateGradients, ApplyGradients, CompletionLogProbs, GRPOLossCell,
                                         PackedLossCell, ReduceAndClip, completion_forward)
@@ -57,6 +65,10 @@ class ModelWorker:
             max_prompt_length=rl.max_prompt_length, max_batch_size=config.generate_config.infer_model_batch_size,
             **rollout_options(config))
         self.sampling = sampling
+        self.vision = prompt_vision(self.actor, actor_cfg) if self.hf_config.get("model_type") in VL_MODEL_TYPES \
+            else None
+        """The frozen vision tower of a Qwen2.5-VL actor (None for text): not in the optimizer, shared by the
+        reference's forwards."""
         self.params = self.actor.trainable_params()
         self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
         hf_name_of = {id(param): name for name, param in self._hf_params.items()}
@@ -89,12 +101,36 @@ class ModelWorker:
                               if self.reference is not None else None)
 
     # ------------------------------------------------------------------------------------------------------------
-    def generate(self, prompts: Sequence[np.ndarray], *, seed: int):
+    def generate(self, prompts: Sequence[np.ndarray], *, seed: int,
+                 images: Optional[Sequence[Optional[PromptImages]]] = None):
+        """``num_generations`` completions per prompt; ``images``: a Qwen2.5-VL step's :meth:`embed_images`."""
         s = self.sampling
         params = SamplingParams(max_tokens=s.max_tokens, min_tokens=s.min_tokens, temperature=s.temperature,
                                 top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty, seed=seed,
                                 num_generations=self.config.rl_config.num_generations, logprobs=True)
-        return self.engine.generate([list(map(int, p)) for p in prompts], params)
+        return self.engine.generate([list(map(int, p)) for p in prompts], params, images)
+
+    def embed_images(self, images) -> Optional[List[Optional[PromptImages]]]:
+        """A batch's images (``PromptBatch.images``) through the vision tower, once per prompt; None for text."""
+        if images is None:
+            return None
+        if self.vision is None:
+            raise ValueError(f"the prompts carry images but actor_config.load = {self.config.actor_config.load} is a "
+                             "text model; train a Qwen2.5-VL folder on image data, or convert a text dataset")
+        return self.vision.embed(images)
+
+    def vision_batch(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray,
+                     images: Optional[Sequence[Optional[PromptImages]]]) -> Optional[VisionBatch]:
+        """The M-RoPE positions and features of a step's left-padded prompts (None for text)."""
+        return None if images is None else self.vision.batch(prompt_ids, prompt_mask, images)
+
+    def dummy_prompts(self, count: int, width: int, with_images: bool):
+        """``count`` distinct dummy prompts of ``width`` tokens and, ``with_images`` (a Qwen2.5-VL run on image
+        data), their images (else None), to precompile (the rollout engine computes each distinct prompt once, so
+        its graph shapes depend on how many there are)."""
+        if with_images:
+            return self.vision.dummy(count, width)
+        return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32), None
 
     def advantages(self, rewards: np.ndarray):
         rl = self.config.rl_config
@@ -110,7 +146,7 @@ class ModelWorker:
         ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile."""
         if self.dist.tp_size == 1:
             export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
-                      overwrite=True)
+                      overwrite=True, vision_tower=None if self.vision is None else self.vision.tower)
             return
         export_hf_arrays(out_dir, self.full_shapes, self._gather_full, hf_config=self.hf_config,
                          tokenizer_dir=self.config.tokenizer_dir, overwrite=True)
@@ -127,6 +163,8 @@ class ModelWorker:
 
     def load_weights(self, model_dir: Path) -> None:
         load_hf_weights(self.actor, model_dir)
+        if self.vision is not None:
+            load_vision_weights(self.vision.tower, model_dir)
         self.sync_weights()
 
     def save_optimizer_shard(self, folder: Path) -> None:
@@ -149,7 +187,8 @@ class ModelWorker:
 
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for this worker so far (its per-Cell compile caches and the engine's)."""
-        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs)
+        cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs,
+                 None if self.vision is None else self.vision.tower)
         engine = getattr(self.engine, "compiled_graphs", lambda: 0)()
         return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
 
@@ -165,6 +204,10 @@ class ModelWorker:
         inputs, _ = next(self._loss_inputs(rollouts, zeros[:, 0], zeros, zeros, zeros, global_tokens=1.0))
         self._accumulate(*inputs)
         self._drop_gradients()
+
+    def precompile_vision(self, patch_counts: Sequence[int]) -> None:
+        """Compile the vision tower for images of these patch counts (see ``prompt_images.patch_bucket``)."""
+        self.vision.precompile(patch_counts)
 
     def _drop_gradients(self) -> None:
         """Zero the accumulated gradients (after precompiling, or for a skipped, non-finite update). Done from
@@ -201,6 +244,10 @@ class ModelWorker:
         if self.config.rl_config.share_prompt:
             prompts = slice(start // num_generations, (start + count) // num_generations)
             prompt, mask = rollouts.prompt_ids[prompts], rollouts.prompt_mask[prompts]
+            if rollouts.vision is not None:
+                vision = rollouts.vision.forward_inputs(np.arange(len(rollouts.prompt_ids))[prompts], prompt,
+                                                        with_deltas=True)
+                return (Tensor(prompt), Tensor(mask), Tensor(rollouts.completion_ids[rows]), *vision)
         else:
             of_row = np.arange(len(rollouts.completion_ids))[rows] // num_generations
             prompt = np.concatenate([rollouts.prompt_ids[of_row], rollouts.completion_ids[rows]], 1)
@@ -209,10 +256,15 @@ class ModelWorker:
 
     @staticmethod
     def _packed_inputs(rollouts: RolloutBatch, batch: MicroBatch):
-        """The packed forward's seven inputs for one micro-batch (see mindgrpo.train.packing.MicroBatch)."""
-        return (Tensor(rollouts.prompt_ids[batch.prompts]), Tensor(rollouts.prompt_mask[batch.prompts]),
-                Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments), Tensor(batch.row_prompt),
-                Tensor(batch.source))
+        """The packed forward's seven inputs for one micro-batch (see mindgrpo.train.packing.MicroBatch), then a
+        Qwen2.5-VL batch's three vision inputs for its slots."""
+        prompt = rollouts.prompt_ids[batch.prompts]
+        inputs = (Tensor(prompt), Tensor(rollouts.prompt_mask[batch.prompts]),
+                  Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments),
+                  Tensor(batch.row_prompt), Tensor(batch.source))
+        if rollouts.vision is None:
+            return inputs
+        return inputs + rollouts.vision.forward_inputs(batch.prompts, prompt, with_deltas=False)
 
     def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray,
                      sampling: np.ndarray, *, global_tokens: float):
@@ -229,16 +281,17 @@ class ModelWorker:
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
                 rows = batch.completions
                 mask = batch.mask * in_loss[rows][:, None]
-                yield ((*self._packed_inputs(rollouts, batch), Tensor(batch.unpack), Tensor(mask),
-                        Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(sampling[rows]),
-                        Tensor(weights[rows])),
+                packed = self._packed_inputs(rollouts, batch)  # a VL batch's vision inputs go last in the loss cell
+                yield ((*packed[:7], Tensor(batch.unpack), Tensor(mask), Tensor(advantages[rows]), Tensor(old[rows]),
+                        Tensor(ref[rows]), Tensor(sampling[rows]), Tensor(weights[rows]), *packed[7:]),
                        int(mask.sum()))
             return
         num_items = Tensor(max(1.0, global_tokens), ms.float32)
         for start in range(0, len(rollouts.completion_ids), micro):
             rows = slice(start, start + micro)
-            yield ((*self._model_inputs(rollouts, start, micro), Tensor(loss_mask[rows]),
-                    Tensor(advantages[rows]), Tensor(old[rows]), Tensor(ref[rows]), Tensor(sampling[rows]), num_items),
+            model = self._model_inputs(rollouts, start, micro)  # a VL batch's vision inputs go last in the loss cell
+            yield ((*model[:3], Tensor(loss_mask[rows]), Tensor(advantages[rows]), Tensor(old[rows]),
+                    Tensor(ref[rows]), Tensor(sampling[rows]), num_items, *model[3:]),
                    int(loss_mask[rows].sum()))
 
     def update(self, rollouts: RolloutBatch, advantages: np.ndarray, old_logp: Optional[np.ndarray],
@@ -308,6 +361,18 @@ class ModelWorker:
         count = max(sums[2], 1.0)
         return {"rollout/logprob_diff_mean": sums[0] / count, "rollout/logprob_diff_max": float(largest),
                 "rollout/is_ratio_mean": sums[1] / count}
+
+
+def prompt_vision(actor: nn.Cell, actor_cfg) -> PromptVision:
+    """The frozen vision tower of a Qwen2.5-VL actor folder (``actor_config.freeze_vision_tower``: its Parameters
+    have no gradient and no optimizer state; training it is refused by the config check)."""
+    tower = build_vision_tower(actor_cfg.load, dtype=actor_cfg.compute_dtype)
+    for param in tower.get_parameters():
+        param.requires_grad = False
+    tower.set_train(False)
+    spec = actor.spec
+    return PromptVision(tower, image_token_id=spec.image_token_id, vision_start_token_id=spec.vision_start_token_id,
+                        spatial_merge_size=spec.spatial_merge_size, hidden_size=spec.hidden_size)
 
 
 def rollout_options(config: GRPOConfig) -> dict:

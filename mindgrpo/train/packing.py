@@ -34,7 +34,7 @@ class MicroBatch:
     prompts: np.ndarray         # int [S]: the rank's prompt (row of prompt_ids) in each slot; spare slots repeat one
     row_prompt: np.ndarray      # int32 [R]: the prompt slot of each row
     completion_ids: np.ndarray  # int32 [R, W]: completions end to end, then zeros
-    positions: np.ndarray       # int32 [R, W]: each token's position in [prompt | completion]: prompt length + t
+    positions: np.ndarray       # int32 [R, W]: each token's position: its prompt's completion start + t
     segments: np.ndarray        # int32 [R, W]: 1 + the completion's place in its row; 0 on the row's unused tail
     source: np.ndarray          # int32 [R * W]: the hidden state predicting each token, an index into [prompt
     #                             states S * P | row states R * W]: the prompt's last for a completion's first token
@@ -79,7 +79,7 @@ def micro_batches(rollouts: RolloutBatch, rows_per_batch: int, num_generations: 
     num_completions, width = rollouts.completion_ids.shape
     p = rollouts.prompt_ids.shape[1]
     lengths = completion_lengths(rollouts.completion_mask)
-    prompt_lengths = rollouts.prompt_mask.sum(1).astype(np.int64)
+    starts = rollouts.completion_starts  # per prompt: its real length (text) or last M-RoPE position + 1
     rows = pack_rows(lengths, num_generations, width)
     r = rows_per_batch
     slots = min(r, len(rollouts.prompt_ids))
@@ -106,7 +106,7 @@ def micro_batches(rollouts: RolloutBatch, rows_per_batch: int, num_generations: 
                 length = int(lengths[c])
                 cols = slice(offset, offset + length)
                 ids[i, cols] = rollouts.completion_ids[c, :length]
-                positions[i, cols] = prompt_lengths[c // num_generations] + np.arange(length)
+                positions[i, cols] = starts[c // num_generations] + np.arange(length)
                 segments[i, cols] = segment
                 flat = i * width + offset + np.arange(length)
                 # token t is predicted by the state of token t - 1, the first by its prompt's last token

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from mindgrpo.train.prompt_images import VisionBatch
 
 
 @dataclass
@@ -23,6 +26,7 @@ class RolloutBatch:
     in_loss: Optional[np.ndarray] = None
     """bool [N]: False on the rows of groups that only fill a dynamic-sampling batch to its static size (see
     mindgrpo.train.generation); None: all rows are in the loss."""
+    vision: Optional["VisionBatch"] = None  # Qwen2.5-VL prompts: M-RoPE positions and image features; None: text
 
     def __post_init__(self) -> None:
         self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
@@ -52,4 +56,13 @@ class RolloutBatch:
         return RolloutBatch(self.prompt_ids[prompts], self.prompt_mask[prompts], self.completion_ids[completions],
                             self.completion_mask[completions], self.truncated[completions], self.mask_truncated,
                             None if self.sampling_logp is None else self.sampling_logp[completions],
-                            self.in_loss[completions])
+                            self.in_loss[completions],
+                            None if self.vision is None else self.vision.rows(prompts))
+
+    @property
+    def completion_starts(self) -> np.ndarray:
+        """int [B]: the position of each prompt's first completion token: its real length for text, its last
+        M-RoPE position + 1 for a Qwen2.5-VL prompt (an image advances positions by less than its tokens)."""
+        if self.vision is not None:
+            return self.vision.completion_starts(self.prompt_ids.shape[1])
+        return self.prompt_mask.sum(1).astype(np.int64)

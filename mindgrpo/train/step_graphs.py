@@ -102,8 +102,11 @@ class GRPOLossCell(nn.Cell):
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
 
     def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
-                  sampling_logp, num_items):
-        logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids)
+                  sampling_logp, num_items, *vision):
+        """``vision``: a Qwen2.5-VL micro-batch's extra shared-forward inputs (M-RoPE positions, rope deltas,
+        image features, image rows: :meth:`mindgrpo.train.prompt_images.VisionBatch.forward_inputs`); empty for
+        text."""
+        logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids, *vision)
         return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp,
                           num_items=num_items)
 
@@ -142,8 +145,11 @@ class PackedLossCell(GRPOLossCell):
         super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
-                  completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights):
-        logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source)
+                  completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights, *vision):
+        """``vision``: a Qwen2.5-VL micro-batch's slots' M-RoPE positions, image features and image rows; empty for
+        text."""
+        logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
+                                      *vision)
         return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
                           completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights=row_weights)
 

@@ -155,13 +155,19 @@ class GRPOTrainer:
                                                        seed=rl.seed, rank=self.dist.dp_rank,
                                                        world_size=self.dist.dp_size)
         widths = sorted({Derived(self.config).prompt_width(int(length)) for length in longest}, reverse=True)
+        if self.dataset.has_images:  # the vision tower's patch buckets of every image the run may meet
+            self.worker.precompile_vision(self.dataset.image_patch_counts())
         for width in widths:
-            self.worker.generate(list(_distinct_prompts(rl.batch_size * rl.steps_per_generation, width)), seed=0)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size * rl.steps_per_generation, width,
+                                                        self.dataset.has_images)
+            self.worker.generate(list(prompts), seed=0, images=images)
         for width in widths:
-            prompts = _distinct_prompts(rl.batch_size, width)
+            prompts, images = self.worker.dummy_prompts(rl.batch_size, width, self.dataset.has_images)
             self.worker.precompile(RolloutBatch(prompts, np.ones_like(prompts),
                                                 np.zeros((completions, max_tokens), np.int32),
-                                                np.ones((completions, max_tokens), np.int32)))
+                                                np.ones((completions, max_tokens), np.int32),
+                                                vision=self.worker.vision_batch(prompts, np.ones_like(prompts),
+                                                                                images)))
 
     def train(self) -> Dict[str, float]:
         """Run until ``total_steps``; returns the last step's metrics."""
@@ -197,7 +203,8 @@ class GRPOTrainer:
         step_start = time.perf_counter()
 
         # 1-3. Rollout, scores and group-relative advantages: a new generation every steps_per_generation steps,
-        # with dynamic sampling's extra rounds (the old policy's log-probs are taken there when later passes or
+        # with dynamic sampling's extra rounds (Qwen2.5-VL: the vision tower runs once per prompt of a
+        # round, and its features serve the rollout and every forward) (the old policy's log-probs are taken there when later passes or
         # steps need them).
         if self._generation is None or self._generation.exhausted:
             self._generation = self._rollout_and_score(timings)
@@ -268,6 +275,8 @@ class GRPOTrainer:
             width=Derived(self.config).prompt_width(longest), num_generations=rl.num_generations,
             pad_token_id=self.tokenizer.pad_token_id, mask_truncated=rl.mask_truncated_completions,
             total_rounds=total_rounds)
+        rollouts = generation.rollouts  # Qwen2.5-VL: the M-RoPE positions and features of the kept prompts
+        rollouts.vision = self.worker.vision_batch(rollouts.prompt_ids, rollouts.prompt_mask, generation.images)
         generation.advantages, _ = self.worker.advantages(generation.rewards)
         # The sampling policy's log-probs, once, before any update: the ratio of every later pass and step.
         if rl.num_iterations > 1 or rl.steps_per_generation > 1:
@@ -281,8 +290,10 @@ class GRPOTrainer:
         and scored (a verifier that fails on all of them raises), with DAPO's overlong penalty added (0 if off)."""
         rl = self.config.rl_config
         prompts = [ids for batch in batches for ids in batch.prompt_ids]
+        with _timed(timings, "timing/vision"):  # Qwen2.5-VL: each prompt's images, once; None for text
+            images = self.worker.embed_images(_joined([batch.images for batch in batches]))
         with _timed(timings, "timing/rollout"):
-            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index))
+            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images)
         mask = generated.completion_mask.astype(bool)
         completions = self.tokenizer.batch_decode([ids[row] for ids, row in zip(generated.completion_ids, mask)])
         golds = [gold for batch in batches for gold in batch.golds]
@@ -290,7 +301,7 @@ class GRPOTrainer:
         rewards = self.scorer.score(completions, _each(golds, rl.num_generations),
                                     question=_each(questions, rl.num_generations))
         overlong = self.overlong.add_to(rewards, generated.completion_mask.sum(1))
-        return Round(prompts, golds, generated, completions, rewards, overlong)
+        return Round(prompts, golds, generated, completions, rewards, overlong, images)
 
     def _sampling_seed(self, round_index: int = 0) -> int:
         """Derived from (seed, step, generation round, data-parallel rank) alone, so a resumed run samples exactly
@@ -430,15 +441,14 @@ class GRPOTrainer:
             print(f"[mindgrpo] resumed from {path} at step {self.step}", flush=True)
 
 
-def _distinct_prompts(count: int, width: int) -> np.ndarray:
-    """``count`` different dummy prompts of ``width`` tokens (the rollout engine computes each distinct prompt once,
-    so its graph shapes depend on how many there are)."""
-    return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
-
-
 def _each(values: List[str], times: int) -> List[str]:
     """Each value ``times`` times in a row: a prompt's entry for each of its completions."""
     return [value for value in values for _ in range(times)]
+
+
+def _joined(per_batch: List[Optional[list]]) -> Optional[list]:
+    """The prompts' images of several batches, in order; None when they are text (all batches alike)."""
+    return None if any(images is None for images in per_batch) else [entry for images in per_batch for entry in images]
 
 
 def short_name(verifier: str) -> str:

@@ -1,0 +1,124 @@
+"""The vision side of a Qwen2.5-VL GRPO step: the frozen vision tower runs once per prompt, and what the rollout and
+the training forwards then read of it.
+
+A step's ``B`` prompts are sampled ``num_generations`` times and scored three times (reference, old policy, update),
+but an image's features do not depend on the completions, and with ``actor_config.freeze_vision_tower`` not on the
+update either: :class:`PromptVision` embeds each prompt's images once (``Qwen2_5VisionTower.embed_images``) into a
+:class:`~mindgrpo.rollout.PromptImages`, which the rollout engine prefills once per prompt and
+:class:`VisionBatch` hands to every forward of the step. The actor and the reference read the same features: the
+reference holds no tower of its own.
+
+:class:`VisionBatch` holds, for the step's prompts left-padded to width ``P``, their M-RoPE positions and
+``rope_delta`` (:func:`~mindgrpo.models.mrope.get_rope_index`); :meth:`VisionBatch.forward_inputs` makes the extra
+inputs of a shared-prompt or packed forward over any selection of those prompts (a micro-batch's prompts, or a
+packed forward's slots, where a prompt may repeat). The feature input always has as many rows as the selected
+prompts have token slots (``S x P``), real features first, so its shape never depends on the images' sizes and
+GRAPH mode compiles each forward once per prompt width, as for text.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import List, Optional, Sequence
+
+import numpy as np
+
+from mindspore import Tensor
+
+from mindgrpo.data.dataset import PromptImagePixels
+from mindgrpo.models.image_tokens import image_source_rows
+from mindgrpo.models.mrope import get_rope_index
+from mindgrpo.models.vision import Qwen2_5VisionTower
+from mindgrpo.rollout import PromptImages
+
+
+class PromptVision:
+    """The frozen vision tower of a Qwen2.5-VL actor and the image token ids of its language model."""
+
+    def __init__(self, tower: Qwen2_5VisionTower, *, image_token_id: int, vision_start_token_id: int,
+                 spatial_merge_size: int, hidden_size: int):
+        self.tower = tower
+        self.image_token_id, self.vision_start_token_id = image_token_id, vision_start_token_id
+        self.merge, self.hidden_size = spatial_merge_size, hidden_size
+        self.prompts_embedded = 0
+        """Prompts whose images went through the tower so far (the benchmark checks: once per prompt per step)."""
+        self.seconds = 0.0
+        """Time spent in the tower so far."""
+
+    def embed(self, images: Sequence[Optional[PromptImagePixels]]) -> List[Optional[PromptImages]]:
+        """Each prompt's merged image features (None for a prompt without images), one tower call per prompt."""
+        start = time.perf_counter()
+        out: List[Optional[PromptImages]] = []
+        for pixels in images:
+            if pixels is None:
+                out.append(None)
+                continue
+            features = self.tower.embed_images(pixels.pixel_values, pixels.image_grid_thw,
+                                               pad_to=patch_bucket(len(pixels.pixel_values)))
+            out.append(PromptImages(features.asnumpy().astype(np.float32), np.asarray(pixels.image_grid_thw)))
+            self.prompts_embedded += 1
+        self.seconds += time.perf_counter() - start
+        return out
+
+    def precompile(self, patch_counts: Sequence[int]) -> None:
+        """Compile the tower for the patch buckets of these images (each once, on zero pixels)."""
+        spec = self.tower.spec
+        for bucket in sorted({patch_bucket(int(n)) for n in patch_counts}, reverse=True):
+            grid = np.array([[1, spec.spatial_merge_size, bucket // spec.spatial_merge_size]], np.int64)
+            self.tower.embed_images(np.zeros((bucket, spec.patch_features), np.float32), grid, pad_to=bucket)
+
+    def batch(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray,
+              images: Sequence[Optional[PromptImages]]) -> "VisionBatch":
+        """The :class:`VisionBatch` of a step's prompts ``[B, P]`` (left-padded) and their images."""
+        grids = [entry.image_grid_thw for entry in images if entry is not None]
+        positions, deltas = get_rope_index(
+            prompt_ids, np.concatenate(grids) if grids else None, prompt_mask, image_token_id=self.image_token_id,
+            vision_start_token_id=self.vision_start_token_id, spatial_merge_size=self.merge)
+        features = [np.zeros((0, self.hidden_size), np.float32) if entry is None else entry.features
+                    for entry in images]
+        return VisionBatch(positions.astype(np.int32), deltas.reshape(-1).astype(np.int32), features,
+                           self.image_token_id)
+
+    def dummy(self, count: int, width: int):
+        """``count`` distinct prompts of ``width`` tokens, each with one image of one merged patch (zero features),
+        and their :class:`~mindgrpo.rollout.PromptImages`: what precompiling the VL graphs of a width needs."""
+        prompts = np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
+        prompts[:, 0], prompts[:, 1] = self.vision_start_token_id, self.image_token_id
+        grid = np.array([[1, self.merge, self.merge]], np.int64)
+        return prompts, [PromptImages(np.zeros((1, self.hidden_size), np.float32), grid) for _ in range(count)]
+
+
+def patch_bucket(patches: int) -> int:
+    """The tower's compiled patch count for an image batch of ``patches``: the next power of two, at least 64, so
+    images of many sizes (geo3k's diagrams) share a few graphs; padded patches attend only to each other."""
+    return max(64, 1 << (int(patches) - 1).bit_length())
+
+
+@dataclass
+class VisionBatch:
+    """A step's Qwen2.5-VL prompts as the training forwards read them (prompt-major, like ``RolloutBatch``)."""
+    positions: np.ndarray       # int32 [3, B, P]: M-RoPE positions of the left-padded prompts
+    rope_deltas: np.ndarray     # int32 [B]: completion token t sits at position P + rope_delta + t
+    features: List[np.ndarray]  # per prompt float32 [its image tokens, hidden] (0 rows without images)
+    image_token_id: int
+
+    def rows(self, prompts: slice) -> "VisionBatch":
+        """The prompts ``prompts`` of the batch (one step's share of a generation)."""
+        return VisionBatch(self.positions[:, prompts], self.rope_deltas[prompts], self.features[prompts],
+                           self.image_token_id)
+
+    def completion_starts(self, width: int) -> np.ndarray:
+        """int [B]: the position of each prompt's first completion token (prompts padded to ``width``)."""
+        return width + self.rope_deltas.astype(np.int64)
+
+    def forward_inputs(self, prompts: np.ndarray, prompt_ids: np.ndarray, *, with_deltas: bool):
+        """The vision inputs of a forward over the prompts ``prompts`` (indices into the batch, repeats allowed),
+        whose token rows are ``prompt_ids [S, P]``: M-RoPE positions ``[3, S, P]``, (the shared-prompt forward's)
+        ``rope_deltas [S]``, features ``[S * P, hidden]`` (real rows first) and ``image_rows [S * P]``."""
+        s, p = prompt_ids.shape
+        real = np.concatenate([self.features[i] for i in prompts])
+        features = np.zeros((s * p, real.shape[1]), np.float32)
+        features[:len(real)] = real
+        rows = image_source_rows(prompt_ids, self.image_token_id, len(real))
+        deltas = (Tensor(self.rope_deltas[prompts]),) if with_deltas else ()
+        return (Tensor(np.ascontiguousarray(self.positions[:, prompts])), *deltas, Tensor(features), Tensor(rows))
