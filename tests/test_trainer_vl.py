@@ -130,26 +130,23 @@ def test_vl_training_forwards_score_what_the_rollout_sampled(vl_run, geo3k_promp
     """The wiring end to end: a fresh rollout's log-probs (the engine's image prefill and M-RoPE decode) equal the
     actor's log-probs of the same completions computed as the step computes them, packed (the run's path) and
     shared-prompt: image features in their slots, completions at positions P + rope_delta + t."""
-    from mindgrpo.data import PromptDataset
     from mindgrpo.models import SharedPromptForward
-    from mindgrpo.rollout import SamplingParams
     from mindgrpo.train.step_graphs import CompletionLogProbs
 
     trainer = vl_run["trainer"]
     worker, g = trainer.worker, trainer.config.rl_config.num_generations
-    batch = next(PromptDataset(geo3k_prompts).batches(2, seed=5))
-    images = worker.embed_images(batch.images)
-    params = SamplingParams(max_tokens=8, temperature=1.0, seed=11, num_generations=g, logprobs=True)
-    generated = worker.engine.generate([list(map(int, p)) for p in batch.prompt_ids], params, images)
-    rollouts = trainer._rollout_batch(batch, generated, images)
-    real = rollouts.completion_mask.astype(bool)
+    # The step's own path: a generation round (each prompt's images through the tower once, the rollout with
+    # them), assembled into the batch the forwards read, with the engine's log-probs of the sampled tokens.
+    rollouts = trainer._rollout_and_score({}).rollouts
+    sampled, real = rollouts.sampling_logp, rollouts.completion_mask.astype(bool)
+    temperature = trainer.config.generate_config.sampling_config.temperature
     packed = worker.actor_logprobs(rollouts)
-    shared = CompletionLogProbs(SharedPromptForward(worker.actor, g, trainer.config.rl_config.seq_length), 1.0)
+    shared = CompletionLogProbs(SharedPromptForward(worker.actor, g, trainer.config.rl_config.seq_length), temperature)
     logp, _ = shared(*worker._model_inputs(rollouts, 0, len(rollouts.completion_ids)))
     for name, scored in (("packed", packed), ("shared", logp.asnumpy())):
-        error = np.abs(scored - generated.logprobs)[real].max()
+        error = np.abs(scored - sampled)[real].max()
         assert error < 1e-4, f"{name}: max |actor log-prob - rollout log-prob| = {error:.3g}"
-    assert np.abs(generated.logprobs[real]).max() > 1.0  # a real comparison
+    assert np.abs(sampled[real]).max() > 1.0  # a real comparison
 
 
 def test_image_data_on_a_text_model_is_refused(tmp_path, geo3k_prompts, vl_dir, tiny_model_dir):

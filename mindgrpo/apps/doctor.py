@@ -467,7 +467,11 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     if config is not None:
         from mindgrpo.algorithm.loss import LossSettings  # MindSpore: loaded only once the config is known good
 
-        yield check_fused_op(device, LossSettings.from_config(config).runs_fused)
+        try:
+            runs_fused = LossSettings.from_config(config).runs_fused
+        except ValueError:  # already reported by the config check; judge the kernel as a run would call it
+            runs_fused = config.rl_config.loss_impl == "fused"
+        yield check_fused_op(device, runs_fused)
     else:
         yield check_fused_op(device)
     generate = config.generate_config if config else None
