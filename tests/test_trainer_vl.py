@@ -160,3 +160,34 @@ def test_image_data_on_a_text_model_is_refused(tmp_path, geo3k_prompts, vl_dir, 
     with pytest.raises(DataError, match=r"rl_config.dataset_file = .* holds images but actor_config.load = .* is a "
                                         r"text model"):
         check_run_inputs(cfg, load_tokenizer(vl_dir), PromptDataset(geo3k_prompts))
+
+
+def test_vl_with_dynamic_sampling_and_two_steps_per_generation(tmp_path, geo3k_prompts, vl_dir):
+    """Qwen2.5-VL under DAPO's dynamic sampling and a generation of two steps: every kept prompt keeps its own
+    M-RoPE positions and image features through the assembly of the rounds and the slicing into steps (a mix-up
+    would score completions against another prompt's image: the log-probs would leave the rollout's)."""
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    cfg = make_config(tmp_path, geo3k_prompts, vl_dir, dynamic_sampling=True, max_generation_batches=2,
+                      steps_per_generation=2, max_steps=2)
+    cfg.rl_config.save_ckpt_interval = 2  # whole generations only
+    cfg.rl_config.mode = "pynative"  # a second set of graphs would double this test's time; the math is the same
+    trainer = GRPOTrainer(cfg)
+    first = trainer.train_step()
+    generation = trainer._generation
+    rollouts = generation.rollouts
+    expected = trainer.worker.vision_batch(rollouts.prompt_ids, rollouts.prompt_mask, generation.images)
+    for step in range(2):
+        part = rollouts.rows(generation.step_slice(step))
+        prompts = slice(step * 2, step * 2 + 2)
+        np.testing.assert_array_equal(part.vision.positions, expected.positions[:, prompts])
+        np.testing.assert_array_equal(part.vision.rope_deltas, expected.rope_deltas[prompts])
+        for got, want in zip(part.vision.features, expected.features[prompts]):
+            np.testing.assert_array_equal(got, want)
+        # the old policy's log-probs, taken through each step's slice at generation (before any update): the
+        # sampling policy's, so they equal the engine's
+        real = part.completion_mask.astype(bool)
+        assert np.abs(generation.old_logp[step] - part.sampling_logp)[real].max() < 1e-4
+    second = trainer.train_step()
+    assert first["grpo/generation_batches"] >= 1 and np.isfinite(second["actor/loss"])
+    assert trainer.worker.vision.prompts_embedded == 4 * first["grpo/generation_batches"]
