@@ -53,6 +53,23 @@ def gsm8k_dir() -> Path:
     return shared_path("data", "gsm8k")
 
 
+def _kept_mode():
+    """Restore MindSpore's execution mode after a test (or a module) that changed it: a trainer built in GRAPH mode
+    sets it for the whole process, and under xdist any test may run next (one that differentiates a Python lambda,
+    for one, cannot run in GRAPH mode)."""
+    import mindspore as ms
+
+    previous = ms.get_context("mode")
+    yield
+    ms.set_context(mode=previous)
+
+
+# A module's own module-scoped fixtures (a trainer built once for its tests) keep their mode for the module's tests;
+# the module-wide restore, instantiated before them, undoes it when the module is done.
+module_keeps_the_mode = pytest.fixture(autouse=True, scope="module")(_kept_mode)
+test_keeps_the_mode = pytest.fixture(autouse=True)(_kept_mode)
+
+
 @pytest.fixture(params=["pynative", "graph"])
 def ms_mode(request):
     """Run the test once in PyNative and once in GRAPH mode (the mindone way)."""

@@ -221,3 +221,23 @@ def test_steps_per_generation_with_dynamic_sampling_resumes_exactly(tmp_path, de
         for key in ("grpo/rewards/mean", "actor/loss", "grad_norm", "grpo/generation_batches",
                     "response_length/mean", "rollout/logprob_diff_mean"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+
+
+def test_steps_per_generation_in_graph_mode_without_recompiling(tmp_path, demo_prompts, demo_plain):
+    """Two steps per generation in GRAPH mode: after precompile only the first update's two graphs compile (the
+    old-policy scoring and the second step's slice included), and the second step's ratio is taken against the
+    generation's log-probs: its rollout gap holds the first update's change, the first step's does not."""
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    config = small_run_config(tmp_path / "run", demo_prompts, demo_plain.model_dir, max_prompt_length=64,
+                              seq_length=80, max_tokens=8, verifiers=["toy_verifiers:flat_when_gold_even"],
+                              max_steps=2, steps_per_generation=2, loss_type="dapo", beta=0.0)
+    trainer = GRPOTrainer(config)
+    trainer.precompile()
+    graphs = trainer.worker.compiled_graphs()
+    first, second = trainer.train_step(), trainer.train_step()
+    assert trainer.worker.compiled_graphs() - graphs == 2
+    trainer.metrics.close()
+    trainer.scorer.close()
+    assert second["timing/rollout"] == 0  # the second step trains on the generation's second half
+    assert first["rollout/logprob_diff_max"] < 1e-4 < second["rollout/logprob_diff_max"]
