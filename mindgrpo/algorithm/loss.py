@@ -64,7 +64,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.algorithm.kl import exact_exp, kl_penalty
-from mindgrpo.algorithm.registry import (IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES,
+from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES,
                                          ROLLOUT_CORRECTIONS, canonical, canonical_kl_estimator)
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
@@ -101,8 +101,8 @@ class LossSettings:
             from DeepSeek-V3.2: unbiased KL gradient when sampling off-policy). Only matters when ``beta > 0``.
         max_completion_length: the generation length limit; required by ``dr_grpo`` (its constant divisor).
         impl: ``"fused"`` (one custom op for the per-token work, CPU AOT kernel or Ascend C) or ``"plain"``
-            (MindSpore element-wise ops; the reference). ``"fused"`` with ``importance_sampling_level="sequence"``
-            runs the plain ops (see :attr:`runs_fused`).
+            (MindSpore element-wise ops; the reference). ``"fused"`` runs the plain ops for the settings the
+            kernel does not compute (GSPO, cispo, sapo, the entropy mask, rollout correction: :attr:`runs_fused`).
         importance_sampling_level: ``"token"`` (one ratio per token, GRPO) or ``"sequence"`` (GSPO, TRL 1.16's
             ``importance_sampling_level="sequence"``: the masked mean of each sequence's log-ratios, exponentiated,
             is the ratio of all its tokens, in the clipped surrogate and in the KL bias correction; not detached).
@@ -185,7 +185,7 @@ class LossSettings:
         surrogates, and the entropy mask and correction weights are extra per-token inputs the kernel does not
         take."""
         return (self.impl == "fused" and self.importance_sampling_level == "token"
-                and self.loss_type not in ("cispo", "sapo") and self.top_entropy_quantile == 1.0
+                and self.loss_type in CLIPPED_LOSS_TYPES and self.top_entropy_quantile == 1.0
                 and self.rollout_correction == "none")
 
     @property

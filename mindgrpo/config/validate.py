@@ -332,7 +332,8 @@ def parallel_layout_dims(hf_config: Mapping) -> dict:
     """The numbers of a Hugging Face config.json that :func:`check_parallel_layout` checks a layout against (the
     vocabulary and MLP sizes only when present). Raises KeyError, ValueError or TypeError for a config without
     usable head and layer counts."""
-    # Qwen2.5-VL configs saved by transformers >= 4.52 nest the language model's keys in text_config
+    # Qwen2.5-VL configs saved by transformers >= 4.52 nest the language model's keys in text_config (the merge of
+    # mindgrpo.models.hf_config.language_model_config, which this leaf package may not import)
     hf_config = {**hf_config, **(hf_config.get("text_config") or {})}
     heads = int(hf_config["num_attention_heads"])
     return dict(num_heads=heads, num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),

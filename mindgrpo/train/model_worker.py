@@ -128,9 +128,8 @@ class ModelWorker:
         """``count`` distinct dummy prompts of ``width`` tokens and, ``with_images`` (a Qwen2.5-VL run on image
         data), their images (else None), to precompile (the rollout engine computes each distinct prompt once, so
         its graph shapes depend on how many there are)."""
-        if with_images:
-            return self.vision.dummy(count, width)
-        return np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32), None
+        prompts = np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
+        return (prompts, self.vision.dummy_images(prompts)) if with_images else (prompts, None)
 
     def advantages(self, rewards: np.ndarray):
         rl = self.config.rl_config

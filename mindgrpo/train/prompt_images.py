@@ -79,13 +79,12 @@ class PromptVision:
         return VisionBatch(positions.astype(np.int32), deltas.reshape(-1).astype(np.int32), features,
                            self.image_token_id)
 
-    def dummy(self, count: int, width: int):
-        """``count`` distinct prompts of ``width`` tokens, each with one image of one merged patch (zero features),
-        and their :class:`~mindgrpo.rollout.PromptImages`: what precompiling the VL graphs of a width needs."""
-        prompts = np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
+    def dummy_images(self, prompts: np.ndarray) -> List[PromptImages]:
+        """Give each dummy prompt ``[count, width]`` (in place) one image of one merged patch, zero features, and
+        return their :class:`~mindgrpo.rollout.PromptImages`: what precompiling the VL graphs of a width needs."""
         prompts[:, 0], prompts[:, 1] = self.vision_start_token_id, self.image_token_id
         grid = np.array([[1, self.merge, self.merge]], np.int64)
-        return prompts, [PromptImages(np.zeros((1, self.hidden_size), np.float32), grid) for _ in range(count)]
+        return [PromptImages(np.zeros((1, self.hidden_size), np.float32), grid) for _ in range(len(prompts))]
 
 
 def patch_bucket(patches: int) -> int:

@@ -203,9 +203,8 @@ class GRPOTrainer:
         step_start = time.perf_counter()
 
         # 1-3. Rollout, scores and group-relative advantages: a new generation every steps_per_generation steps,
-        # with dynamic sampling's extra rounds (Qwen2.5-VL: the vision tower runs once per prompt of a
-        # round, and its features serve the rollout and every forward) (the old policy's log-probs are taken there when later passes or
-        # steps need them).
+        # with dynamic sampling's extra rounds. The old policy's log-probs are taken there when later passes or
+        # steps need them; for Qwen2.5-VL the vision tower runs there, once per prompt of a round.
         if self._generation is None or self._generation.exhausted:
             self._generation = self._rollout_and_score(timings)
         generation, index = self._generation, self._generation.taken
