@@ -292,7 +292,8 @@ class GRPOTrainer:
         with _timed(timings, "timing/vision"):  # Qwen2.5-VL: each prompt's images, once; None for text
             images = self.worker.embed_images(_joined([batch.images for batch in batches]))
         with _timed(timings, "timing/rollout"):
-            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images)
+            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images,
+                                             prompt_keys=self._prompt_keys(batches))
         mask = generated.completion_mask.astype(bool)
         completions = self.tokenizer.batch_decode([ids[row] for ids, row in zip(generated.completion_ids, mask)])
         golds = [gold for batch in batches for gold in batch.golds]
@@ -303,13 +304,20 @@ class GRPOTrainer:
         return Round(prompts, golds, generated, completions, rewards, overlong, images)
 
     def _sampling_seed(self, round_index: int = 0) -> int:
-        """Derived from (seed, step, generation round, data-parallel rank) alone, so a resumed run samples exactly
-        what the original would, and the ranks of one tensor-parallel group draw the same tokens. The first round
-        keeps the (seed, step, rank) seed that runs without dynamic sampling have always used."""
+        """Derived from (seed, step, generation round) alone, so a resumed run samples exactly what the original
+        would, and every rank draws from the same seed: a prompt's completions then depend on its place in the
+        global batch (:meth:`_prompt_keys`), not on the rank or the layout."""
         rl = self.config.rl_config
-        key = [rl.seed, self.step, self.dist.dp_rank] if round_index == 0 else \
-            [rl.seed, self.step, round_index, self.dist.dp_rank]
+        key = [rl.seed, self.step] if round_index == 0 else [rl.seed, self.step, round_index]
         return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x7FFFFFFF)
+
+    def _prompt_keys(self, batches: List[PromptBatch]) -> List[int]:
+        """Each prompt's place in the round's global batches: prompt p of this rank's batch j is global prompt
+        j * (batch_size x dp_size) + dp_rank * batch_size + p, as the dataset deals them out
+        (``PromptDataset._schedule``), which is its place in one process reading all of them."""
+        size, dist = self.config.rl_config.batch_size, self.dist
+        return [j * size * dist.dp_size + dist.dp_rank * size + p
+                for j, batch in enumerate(batches) for p in range(len(batch.prompt_ids))]
 
     def _step_metrics(self, rollouts: RolloutBatch, generation: Generation, index: int, advantages: np.ndarray,
                       update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:
