@@ -299,6 +299,49 @@ def test_group_advantages_match_unbiased_std_formula(ms_mode, scale_rewards):
     assert np.all(advantages.asnumpy()[4:8] == 0)  # all-equal rewards: no signal
 
 
+def _on_ranks(fn, shares):
+    """fn(share, all_reduce_sum) on one thread per share, whose all_reduce_sum sums the ranks' arrays (a stand-in
+    for the data-parallel collective: every rank waits for the others at each call, as AllReduce does)."""
+    import threading
+
+    barrier, slots, results = threading.Barrier(len(shares)), [None] * len(shares), [None] * len(shares)
+
+    def run(rank):
+        def all_reduce_sum(values):
+            slots[rank] = np.asarray(values, np.float64)
+            barrier.wait()
+            total = sum(slots)
+            barrier.wait()  # nobody overwrites a slot before everyone has summed
+            return total
+        results[rank] = fn(shares[rank], all_reduce_sum)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(shares))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_batch_scaling_over_data_parallel_ranks_equals_one_batch():
+    """scale_rewards "batch" with the global batch's rewards spread over 3 data-parallel ranks: each rank's
+    advantages, divided by global_batch_std, are its rows of the whole batch's (the rank's own std would not be)."""
+    from mindgrpo.algorithm import global_batch_std
+
+    rewards = np.array([1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 2, -1, 0, 3], np.float32)
+    whole = group_advantages(rewards, 2, scale_rewards="batch")[0].asnumpy()
+    shares = np.split(rewards, 3)
+    stds = _on_ranks(global_batch_std, shares)
+    assert stds == pytest.approx([rewards.astype(np.float64).std(ddof=1)] * 3, rel=1e-12)
+    gap = 0.0
+    for rank, (share, std) in enumerate(zip(shares, stds)):
+        ours = group_advantages(share, 2, scale_rewards="batch", batch_std=std)[0].asnumpy()
+        np.testing.assert_allclose(ours, whole[rank * 4:(rank + 1) * 4], atol=1e-6)
+        own = group_advantages(share, 2, scale_rewards="batch")[0].asnumpy()
+        gap = max(gap, float(np.abs(own - ours).max()))
+    assert gap > 1e-2
+
+
 def test_group_advantages_edge_cases():
     advantages, zero_std = group_advantages(np.array([3.0, -1.0, 2.0], np.float32), 1)
     assert np.all(advantages.asnumpy() == 0) and int(zero_std) == 3  # a lone completion has nothing to compare to
