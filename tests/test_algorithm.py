@@ -211,6 +211,32 @@ def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_reduction_is_the_same_on_one_rank_and_on_two(impl, loss_type):
+    """The layout does not change the step: one process summing 4 micro-batches of 2 sequences, and 2 data-parallel
+    ranks summing 2 each whose gradients the reducer averages, give the same gradient for every loss_type (bnpo's
+    per-micro-batch token means included; dapo's num_items counts the tokens of both ranks)."""
+    logp, old, ref, adv, mask = random_batch(13, 8, 10)
+    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
+                            max_completion_length=10, impl=impl)
+    num_items = Tensor(np.float32(mask.sum()))
+
+    def gradient(rows, grad_accum_steps, dp_size):
+        fn = ms.grad(lambda lp: grpo_loss(
+            lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
+            num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
+        return fn(Tensor(logp[rows])).asnumpy()
+
+    one, two = np.zeros_like(logp), np.zeros_like(logp)
+    for micro in range(4):
+        rows = slice(2 * micro, 2 * micro + 2)
+        one[rows] = gradient(rows, 4, 1)
+        two[rows] = gradient(rows, 2, 2) / 2  # rank micro // 2's micro-batch; the reducer's mean over 2 ranks
+    np.testing.assert_allclose(two, one, rtol=0, atol=1e-8)
+    assert np.abs(one).max() > 1e-3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_row_weights_give_the_step_loss_however_sequences_are_grouped(impl, loss_type):
     """Packed training regroups a step's sequences into micro-batches of other sizes and members: summed with
     step_row_weights, they give the loss and gradient of the consecutive micro-batches of micro_batch_size (one rank
