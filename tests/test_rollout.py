@@ -342,9 +342,11 @@ def decode_batches_used(engine, rows, params):
 @pytest.mark.parametrize("variant", ["untied", "untied-plain"])
 def test_compaction_samples_what_decoding_every_row_samples(random_models, variant):
     """Rows that end at different steps (stop ids) leave the decode batch, which drops to the smaller compiled
-    batches (8 -> 4 -> 2): tokens, log-probs and finish reasons are bit for bit those of the same engine decoding
-    every row to the end, greedy and sampled (top-p, top-k, repetition penalty), on the fused kernels and on the
-    plain ops."""
+    batches (8 -> 4 -> 2): tokens and finish reasons are bit for bit those of the same engine decoding every row to
+    the end, greedy and sampled (top-p, top-k, repetition penalty), on the fused kernels and on the plain ops, and
+    the log-probs equal them to float32 rounding: the CPU GEMM picks its kernel by the row count, so on some CPUs
+    (an AMD EPYC here) products at 8 and at 4 rows differ in the last bit, and the KV cache carries it on (1.5e-6
+    measured)."""
     engine, reference = random_models(variant)[1], random_models(variant + "-nocompact")[1]
     rows = [p for p in PROMPTS for _ in range(2)]
     for settings in (dict(temperature=0), dict(temperature=1.5, top_p=0.9, top_k=200, repetition_penalty=1.2)):
@@ -356,7 +358,7 @@ def test_compaction_samples_what_decoding_every_row_samples(random_models, varia
         lengths = ours.completion_mask.sum(1)
         assert len(set(lengths.tolist())) >= 3 and lengths.max() > 8, lengths  # ragged
         assert np.array_equal(ours.completion_ids, theirs.completion_ids)
-        assert np.array_equal(ours.logprobs, theirs.logprobs)
+        np.testing.assert_allclose(ours.logprobs, theirs.logprobs, rtol=0, atol=1e-5)
         assert ours.finish_reasons == theirs.finish_reasons and FINISH_STOP in ours.finish_reasons
         assert set(every_row) == {8} and len(used) == len(every_row) == lengths.max() - 1
         assert used == sorted(used, reverse=True) and used[-1] < 8  # the batch only ever shrinks
