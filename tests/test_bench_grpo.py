@@ -14,6 +14,7 @@ sys.path.insert(0, str(TOOLS))
 
 import bench_grpo  # noqa: E402
 import bench_scaling  # noqa: E402
+import benchlib  # noqa: E402
 import length_mix  # noqa: E402
 
 EOS = 4095
@@ -140,6 +141,35 @@ def test_scaling_table_and_plot_from_a_report(tmp_path):
     assert table.count("| 10% / 15% / 20% |") == 2 and table.count("| 20% / 30% / 40% |") == 2
     assert "(200.0 GFLOP/s" in table
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_assets_are_made_from_the_demo_rows_without_any_shared_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(benchlib.GSM8K_ENV, raising=False)
+    monkeypatch.setattr(benchlib, "SHARED_GSM8K", tmp_path / "absent" / "train.jsonl")
+    assets = benchlib.bench_assets(tmp_path / "cache")
+    assert "demo" in assets.source and not list((tmp_path / "cache").glob(".*partial*"))
+    rows = [json.loads(line) for line in assets.prompts.read_text().splitlines()]
+    assert len(rows) == 2000 and rows[0]["answer"].split("#### ")[-1].isdigit()
+    from mindgrpo.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(assets.tokenizer_dir)
+    for size, dims in benchlib.SIZES.items():
+        config = json.loads((assets.model(size) / "config.json").read_text())
+        assert {k: config[k] for k in dims} == dims and config["vocab_size"] == benchlib.VOCAB
+        assert config["eos_token_id"] == tokenizer.eos_token_id < benchlib.VOCAB  # the tokenizer's own ids
+        assert (assets.model(size) / "tokenizer.json").exists()
+    assert benchlib.bench_assets(tmp_path / "cache") == assets  # found again, not rebuilt
+    monkeypatch.setenv(benchlib.GSM8K_ENV, str(tmp_path / "missing.jsonl"))
+    with pytest.raises(FileNotFoundError, match="MINDGRPO_GSM8K"):
+        benchlib.bench_assets(tmp_path / "cache")
+
+
+def test_the_recorded_command_keeps_no_machine_path():
+    inside = str(bench_scaling.REPO / "docs" / "scaling")
+    command = bench_scaling.portable_command(["--vs-trl", "/opt/venvs/trl/bin/python", "--out", inside,
+                                              "--model-cache=/var/cache/x", "--steps", "5", "1"])
+    assert command == ("python tools/bench_scaling.py --vs-trl '<TRL python>' --out docs/scaling "
+                       "'--model-cache=<x>' --steps 5 1")
 
 
 @pytest.mark.slow

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import bench_grpo
-from benchlib import REPO, cpu_model
+from benchlib import REPO, bench_assets, cpu_model
 
 GRID = [("tiny", 64), ("tiny", 256), ("tiny", 512), ("tiny", 1024), ("small", 64), ("small", 256), ("small", 512)]
 MIXES = ("full", "ragged")
@@ -126,11 +126,17 @@ def _process_minutes(report: Dict) -> float:
     return sum(r.get("process_s", 0) for s in report["settings"] for runs in s["runs"].values() for r in runs) / 60
 
 
+def _trl_versions(report: Dict) -> str:
+    versions = next((r["versions"] for s in report["settings"] for r in s["runs"]["trl"] if r.get("versions")), None)
+    return ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "-"
+
+
 def markdown(report: Dict) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(report["settings"])]
     notes = [f"Command: `{report['command']}`; code: {report.get('code', 'unknown')}"
              + (f"; {report['note']}" if report.get("note") else ""),
+             f"Prompts: {report.get('prompts', 'GSM8K train')}; TRL: {_trl_versions(report)}",
              f"Machine: {report['machine']}; load before / after: "
              f"{report['load_before']} / {report.get('load_after', '-')}; "
              f"{report.get('seconds', 0) / 60:.0f} minutes, of which {_process_minutes(report):.0f} in benchmark "
@@ -186,14 +192,17 @@ def portable_command(argv: List[str]) -> str:
     absolute path as a placeholder (`<TRL python>` for --vs-trl's, else `<name>`), so no machine path is kept."""
     words, previous = ["python", "tools/bench_scaling.py"], ""
     for arg in argv:
-        flag, eq, value = arg.partition("=") if arg.startswith("--") else ("", "", arg)
+        flag, prefix, value = previous, "", arg
+        if arg.startswith("--") and "=" in arg:
+            flag, value = arg.split("=", 1)
+            prefix = flag + "="
         if value.startswith("/"):
             path = Path(os.path.abspath(value))
             if path.is_relative_to(REPO):
                 value = str(path.relative_to(REPO))
             else:
-                value = "<TRL python>" if "--vs-trl" in (flag, previous) else f"<{path.name}>"
-        words.append(f"{flag}{eq}{value}" if eq else value)
+                value = "<TRL python>" if flag == "--vs-trl" else f"<{path.name}>"
+        words.append(prefix + value)
         previous = arg
     return shlex.join(words)
 
@@ -224,6 +233,8 @@ def main() -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for scaling.md/.json/.png (%(default)s)")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
+    parser.add_argument("--new-tokens", type=int, nargs="+", choices=sorted({t for _, t in GRID}),
+                        help="only these completion limits of the grid")
     parser.add_argument("--from-json", metavar="SCALING_JSON", help="only write the table and plot of a past run")
     parser.add_argument("--note", default="", help="a line for the table's notes (what code was measured, say)")
     parser.add_argument("--resume", action="store_true",
@@ -251,10 +262,12 @@ def main() -> int:
         return 0
     if not bench_grpo.check_inputs(args.vs_trl):
         return 2
-    grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes]
+    grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes
+            if not args.new_tokens or tokens in args.new_tokens]
     start = time.perf_counter()
     report = {"command": portable_command(sys.argv[1:]), "machine": cpu_model(), "code": code_version(),
               "note": ("smoke run, not a measurement; " if args.smoke else "") + args.note,
+              "prompts": bench_assets(Path(args.model_cache)).source,
               "load_before": [round(x, 2) for x in os.getloadavg()], "settings": [], "complete": False}
     for size, tokens, mix in grid:  # calibrate every model copy first, so the timings below exclude it
         bench_grpo.setting_model(size, mix, tokens, Path(args.model_cache))
