@@ -46,10 +46,11 @@ def test_rollout_products_are_the_engines_prefill_and_decode_shapes():
     for case in cases:
         by_phase.setdefault(case.phase, []).append(case)
     assert list(by_phase) == ["prefill", "decode", "decode 128", "reference", "update"]
-    gate = [c for c in by_phase["decode"] if c.linear == "gate"]  # W[out, in] @ xT[in, B], forward only
-    assert [(c.layout, c.role, c.trans, c.m, c.k, c.n) for c in gate] == [
-        ("WxT", "fwd", "NN", SMALL["intermediate_size"], hidden, 32)]
-    assert {c.n for c in by_phase["decode 128"]} == {128}
+    gate = {c.layout: c for c in by_phase["decode"] if c.linear == "gate"}  # forward only, every layout
+    assert {c.role for c in gate.values()} == {"fwd"} and set(gate) == set(bench_matmul.LAYOUTS)
+    runs = gate[bench_matmul.STEP_LAYOUT["decode"]]  # the engine's: W[out, in] @ xT[in, B]
+    assert (runs.trans, runs.m, runs.k, runs.n) == ("NN", SMALL["intermediate_size"], hidden, 32)
+    assert {c.n for c in by_phase["decode 128"] if c.layout == "WxT"} == {128}
     prefill = {c.linear: c for c in by_phase["prefill"]}  # x [rows, in] @ W^T: 4 padded prompts, logits at the last
     assert (prefill["q"].trans, prefill["q"].m) == ("NT", bench_matmul.PROMPTS * width)
     assert prefill["lm_head"].m == bench_matmul.PROMPTS and len(by_phase["prefill"]) == len(prefill)

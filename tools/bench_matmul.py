@@ -14,11 +14,11 @@ completions, prompts padded to ``--prompt-width``, reference rows ``4 P + 32 T``
     WxT   feature-major activations: yT = W xT (NN), dxT = W^T dyT (TN), dW = dyT xT^T (NT)
 
 and for the fused products a layer could use instead of separate ones: q|k|v as one [768, 512] weight and gate|up
-as one [2816, 512] weight. The rollout's products are timed in the one layout the engine runs: the prefill row-major
-like the reference (``xWt``: the 4 padded prompts' rows, the vocabulary at each prompt's last token), a decode step
-feature-major (``WxT``: ``W[out, in] @ xT[in, B]``, ``FusedDecodeGraph``), B = `--decode-rows` live rows (32: the
-whole batch; compaction makes it 8 or 16 as rows finish; more rows per step is what batching more prompts per
-decode would give). Decoding a token is thin products (B = 32 against 512-2,816 features): a kernel that runs them
+as one [2816, 512] weight. The rollout's products are forward only: the prefill in the layout it runs, row-major
+like the reference (``xWt``: the 4 padded prompts' rows, the vocabulary at each prompt's last token), and a decode
+step in every layout (the engine runs ``WxT``, feature-major: ``W[out, in] @ xT[in, B]``, ``FusedDecodeGraph``),
+B = `--decode-rows` live rows (32: the whole batch; compaction makes it 8 or 16 as rows finish; more rows per step is
+what decoding more prompts at once, `rl_config.steps_per_generation`, gives). Decoding a token is thin products (B = 32 against 512-2,816 features): a kernel that runs them
 far below its large-matrix rate makes the rollout slow, as MindSpore 2.9's CPU MatMul did on an Intel Xeon.
 
 Backends, all timed in one process and interleaved (each round runs every case on every backend back to back; rounds
@@ -129,16 +129,15 @@ def phase_rows(tokens: int, prompt_width: int, decode_rows: Tuple[int, ...] = (P
 
 def model_cases(tokens: int, prompt_width: int, cfg: dict = SMALL, only: Optional[List[str]] = None,
                 decode_rows: Tuple[int, ...] = (PROMPTS * GENERATIONS,)) -> List[Case]:
-    """Every distinct product of the phases: the training phases in every layout (the reference without a
-    backward), the rollout's (prefill, decode) forward only, in the layout the engine runs."""
+    """Every distinct product of the phases, per layout: the update's forward, dx and dW, the other phases'
+    forward; the prefill in the layout it runs only (it is the reference forward's layout on fewer rows)."""
     cases = []
     for phase, (rows, vocab_rows) in phase_rows(tokens, prompt_width, decode_rows).items():
-        rollout = phase == "prefill" or phase.startswith("decode")
         for name, (out, inp, _) in linears(cfg).items():
             if only and name not in only:
                 continue
             r = vocab_rows if name == "lm_head" else rows
-            for layout in ((STEP_LAYOUT[phase.split()[0]],) if rollout else LAYOUTS):
+            for layout in ((STEP_LAYOUT[phase],) if phase == "prefill" else LAYOUTS):
                 for role, (trans, order) in ROLES[layout].items():
                     if phase != "update" and role != "fwd":
                         continue
@@ -377,6 +376,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--ms-threads", type=int, help="ms.device_context.cpu.op_tuning.threads_num (set first)")
     parser.add_argument("--cpu-affinity", action="store_true", help="ms.runtime.set_cpu_affinity(True)")
     parser.add_argument("--linears", nargs="+", choices=list(linears(SMALL)), help="only these products")
+    parser.add_argument("--phases", nargs="+", choices=list(STEP_LAYOUT), help="only these phases")
     parser.add_argument("--decode-rows", type=int, nargs="+", default=[PROMPTS * GENERATIONS],
                         help="live rows B of the decode steps timed (default: the batch, 32)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
@@ -399,7 +399,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     report = {"cpu": cpu_model(), "runs": []}
     for tokens in args.tokens:
         decode_rows = tuple(args.decode_rows)
-        cases = model_cases(tokens, args.prompt_width, only=args.linears, decode_rows=decode_rows)
+        cases = [c for c in model_cases(tokens, args.prompt_width, only=args.linears, decode_rows=decode_rows)
+                 if not args.phases or c.phase.split()[0] in args.phases]
         rows = phase_rows(tokens, args.prompt_width, decode_rows)
         print(f"\n== {tokens} new tokens, prompt width {args.prompt_width}: (decoder, vocabulary) rows {rows}")
         summary = time_cases(backends, cases, args.rounds, args.block_gflop)
