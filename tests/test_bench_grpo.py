@@ -173,12 +173,17 @@ def test_the_recorded_command_keeps_no_machine_path():
 
 
 @pytest.mark.slow
-def test_worker_prints_one_json_line_without_recompiling(tiny_model_dir, gsm8k_dir, tmp_path):
+def test_worker_prints_one_json_line_without_recompiling(tmp_path, monkeypatch):
+    monkeypatch.delenv(benchlib.GSM8K_ENV, raising=False)
+    monkeypatch.setattr(benchlib, "SHARED_GSM8K", tmp_path / "absent" / "train.jsonl")  # the demo's rows: quick
+    assets = benchlib.bench_assets(tmp_path / "assets")
     out = subprocess.run([sys.executable, str(TOOLS / "bench_grpo.py"), "--worker", "tiny", "--model-dir",
-                          str(tiny_model_dir), "--work-dir", str(tmp_path), "--steps", "3", "--warmup", "1"],
-                         capture_output=True, text=True, check=True).stdout
+                          str(assets.model("tiny")), "--work-dir", str(tmp_path), "--prompts", str(assets.prompts),
+                          "--steps", "3", "--warmup", "1"], capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["recompiles_after_warmup"] == 0
     assert result["tokens_per_sec"] > 0 and 0 < result["mfu"] < 1
     assert abs(sum(result[f"share_{k}"] for k in ("rollout", "reference", "update", "other")) - 1) < 1e-3
-    assert result["lengths"]["count"] == 2 * 32 and result["eos_ids"] == [EOS]
+    assert abs(sum(result["phase_seconds"].values()) / result["sec_per_step"] - 1) < 0.5  # mean vs median step
+    eos = json.loads((assets.model("tiny") / "config.json").read_text())["eos_token_id"]
+    assert result["lengths"]["count"] == 2 * 32 and result["eos_ids"] == [eos] and result["cpu"]
