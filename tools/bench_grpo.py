@@ -73,8 +73,7 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchlib import (BenchAssets, OthersCpu, bench_assets, cpu_model, matmul_peak_gflops, peak_rss_mib,
-                      wait_until_idle)
+from benchlib import OthersCpu, bench_assets, cpu_model, matmul_peak_gflops, peak_rss_mib, wait_until_idle
 from length_mix import length_stats, model_for
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
@@ -401,6 +400,8 @@ def main() -> int:
         parser.error(f"--max-new-tokens must be at least 4 (ragged lengths have a median of a quarter of it), "
                      f"got {args.max_new_tokens}")
     if args.worker:
+        if not (args.model_dir and args.work_dir and args.prompts):
+            parser.error("--worker needs --model-dir, --work-dir and --prompts (the driver passes them)")
         print(json.dumps(run_mindgrpo(args.worker, Path(args.model_dir), Path(args.work_dir), args)), flush=True)
         return 0
     if not check_inputs(args.vs_trl):

@@ -18,8 +18,9 @@ as one [2816, 512] weight. The rollout's products are forward only: the prefill 
 like the reference (``xWt``: the 4 padded prompts' rows, the vocabulary at each prompt's last token), and a decode
 step in every layout (the engine runs ``WxT``, feature-major: ``W[out, in] @ xT[in, B]``, ``FusedDecodeGraph``),
 B = `--decode-rows` live rows (32: the whole batch; compaction makes it 8 or 16 as rows finish; more rows per step is
-what decoding more prompts at once, `rl_config.steps_per_generation`, gives). Decoding a token is thin products (B = 32 against 512-2,816 features): a kernel that runs them
-far below its large-matrix rate makes the rollout slow, as MindSpore 2.9's CPU MatMul did on an Intel Xeon.
+what decoding more prompts at once, `rl_config.steps_per_generation`, gives). Decoding a token is thin products
+(B = 32 against 512-2,816 features): a kernel that runs them far below its large-matrix rate makes the rollout slow,
+as MindSpore 2.9's CPU MatMul did on an Intel Xeon.
 
 Backends, all timed in one process and interleaved (each round runs every case on every backend back to back; rounds
 are repeated and medians taken), so that a background load shifts all of them alike:
