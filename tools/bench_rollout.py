@@ -5,14 +5,14 @@ Backends: ``native`` (the KV-cache engine on its fused CPU decode kernels), ``na
 the plain-ops decode graph, ``generate_config.decode_impl: plain``), ``native-nocompact`` (``native`` decoding every
 row of a batch until its last one ends, the engine's ``compact=False``), ``mindformers`` and Hugging Face ``hf``.
 
-Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts, tokenized by the benchmarks'
-tokenizer (`benchlib.bench_assets`), when `$MINDGRPO_GSM8K` names GSM8K's train.jsonl, random ids otherwise) x 8
-samples = 32 sequences x 64 new tokens, temperature 1. Length mix ``full`` (default): ``min_tokens = max_tokens``,
-so every backend generates exactly the same number of tokens. ``ragged``: long-tailed lengths as in R1-Zero-style
-runs. The random models' next-token distributions are near uniform (8.2 nats of entropy out of ln 4096 = 8.3), so ``K`` stop ids (passed as extra EOS ids to Hugging Face) end
-a completion with probability about ``K / vocab`` per step: ``K = vocab * ln(10) / max_tokens`` makes the lengths
-about geometric, 10 % of them at the limit and the median near 0.3 x the limit (the rows' distributions differ, so
-the tail comes out somewhat heavier); the sampled lengths are printed.
+Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts, tokenized by the benchmarks' tokenizer
+(`benchlib.bench_assets`), when `$MINDGRPO_GSM8K` names GSM8K's train.jsonl, random ids otherwise) x 8 samples = 32
+sequences x 64 new tokens, temperature 1. Length mix ``full`` (default): ``min_tokens = max_tokens``, so every
+backend generates exactly the same number of tokens. ``ragged``: long-tailed lengths as in R1-Zero-style runs. The
+random models' next-token distributions are near uniform (8.2 nats of entropy out of ln 4096 = 8.3), so ``K`` stop
+ids (passed as extra EOS ids to Hugging Face) end a completion with probability about ``K / vocab`` per step: ``K =
+vocab * ln(10) / max_tokens`` makes the lengths about geometric, 10 % of them at the limit and the median near 0.3 x
+the limit (the rows' distributions differ, so the tail comes out somewhat heavier); the sampled lengths are printed.
 Models: random Qwen2s, tiny (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate 352) and `small` (hidden 512,
 8 layers, 8 heads, 2 KV heads, intermediate 1408), vocab 4096 (`benchlib.TINY`, `benchlib.SMALL`), each written
 once as a Hugging Face folder so every framework loads the same weights.
