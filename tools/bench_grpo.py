@@ -73,7 +73,8 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchlib import OthersCpu, bench_assets, cpu_model, matmul_peak_gflops, peak_rss_mib, wait_until_idle
+from benchlib import (ASSETS_CACHE, OthersCpu, bench_assets, cpu_model, matmul_peak_gflops, peak_rss_mib,
+                      wait_until_idle)
 from length_mix import length_stats, model_for
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
@@ -82,7 +83,6 @@ MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the mo
 PROMPT_BUCKET = 64
 PACKED_ROWS = 8  # packed training rows of `--max-new-tokens` per forward (0: padded micro-batches) ...
 PACKED_TOKENS = 4096  # ... holding at most this many tokens (4 rows at 1,024: the forwards' memory stays level)
-MODEL_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"
 
 
 def target(size: str, new_tokens: int, mix: str) -> float:
@@ -345,7 +345,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
                              "`bash tools/make_trl_venv.sh trlenv` makes one, then pass trlenv/bin/python")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per framework with --vs-trl")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both frameworks")
-    parser.add_argument("--model-cache", default=str(MODEL_CACHE),
+    parser.add_argument("--model-cache", default=str(ASSETS_CACHE),
                         help="folder of the benchmark models, tokenizer and prompts and of the calibrated model "
                              "copies, reused by later runs (default: %(default)s)")
     parser.add_argument("--idle-wait", type=float, default=0, metavar="MINUTES",

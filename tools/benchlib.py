@@ -31,7 +31,7 @@ SIZES = {"tiny": TINY, "small": SMALL}
 # GSM8K-format rows do (short one-digit problems: shorter prompts, a smaller tokenizer).
 GSM8K_ENV = "MINDGRPO_GSM8K"
 SHARED_GSM8K = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared")) / "data" / "gsm8k" / "train.jsonl"
-ASSETS_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_assets"
+ASSETS_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"  # also the calibrated copies (bench_grpo)
 ASSETS_RECIPE = 1  # bump when the tokenizer or the models change: cached assets of another recipe are rebuilt
 
 
