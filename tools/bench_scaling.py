@@ -2,7 +2,7 @@
 """The scaling table: mindgrpo against TRL from 64 to 1,024 new tokens, full and ragged lengths, in one command.
 
     bash tools/make_trl_venv.sh trlenv                    # TRL's interpreter, once
-    python tools/bench_scaling.py --vs-trl trlenv/bin/python --idle-wait 20    # about 2 hours on 2 cores
+    python tools/bench_scaling.py --vs-trl trlenv/bin/python --idle-wait 20    # 1-2 hours on 2 cores
 
 Grid: tiny at 64, 256, 512 and 1,024 new tokens and `small` at 64, 256 and 512, each with every completion at the
 limit (`full`) and with long-tailed lengths (`ragged`: median about a quarter of the limit, the top 10 % at it);
