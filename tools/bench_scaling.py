@@ -3,6 +3,8 @@
 
     bash tools/make_trl_venv.sh trlenv                    # TRL's interpreter, once
     python tools/bench_scaling.py --vs-trl trlenv/bin/python --idle-wait 20    # 1-2 hours on 2 cores
+    python tools/bench_scaling.py --sizes tiny --mixes full --new-tokens 64 --steps 1 0 --repeats 1 --smoke \
+        --vs-trl trlenv/bin/python --out output/scaling_smoke                  # does everything run? (minutes)
 
 Grid: tiny at 64, 256, 512 and 1,024 new tokens and `small` at 64, 256 and 512, each with every completion at the
 limit (`full`) and with long-tailed lengths (`ragged`: median about a quarter of the limit, the top 10 % at it);
