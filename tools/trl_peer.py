@@ -63,10 +63,10 @@ class PhaseTimer:
     def __init__(self):
         self.steps = []
 
-    def on_step_begin(self, *_, **__):
+    def on_step_begin(self):
         self.current = {"start": time.perf_counter(), "generate_s": 0.0, "build_s": 0.0}
 
-    def on_step_end(self, *_, **__):
+    def on_step_end(self):
         self.current["seconds"] = time.perf_counter() - self.current.pop("start")
         self.steps.append(self.current)
 
@@ -88,6 +88,18 @@ class PhaseTimer:
             return batch
 
         trainer._generate_single_turn, trainer._generate_and_score_completions = timed_generate, timed_build
+
+
+def step_edges(timer: PhaseTimer, callback_base):
+    """A transformers TrainerCallback (`callback_base`, imported with TRL) that opens and closes the timer's steps."""
+    class StepEdges(callback_base):
+        def on_step_begin(self, *args, **kwargs):
+            timer.on_step_begin()
+
+        def on_step_end(self, *args, **kwargs):
+            timer.on_step_end()
+
+    return StepEdges()
 
 
 def main(argv=None) -> int:
@@ -127,8 +139,7 @@ def main(argv=None) -> int:
             save_strategy="no")
         trainer = GRPOTrainer(model=args.model, reward_funcs=gsm8k_reward, args=config, train_dataset=dataset)
         timer = PhaseTimer()
-        trainer.add_callback(type("Steps", (TrainerCallback,), {"on_step_begin": timer.on_step_begin,
-                                                                "on_step_end": timer.on_step_end})())
+        trainer.add_callback(step_edges(timer, TrainerCallback))
         timer.wrap(trainer)
         trainer.train()
     counted = timer.steps[args.warmup:] or timer.steps
