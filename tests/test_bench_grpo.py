@@ -164,6 +164,21 @@ def test_assets_are_made_from_the_demo_rows_without_any_shared_folder(tmp_path, 
         benchlib.bench_assets(tmp_path / "cache")
 
 
+def test_the_trl_peer_gets_mindgrpos_own_prompts_and_gold_numbers(tmp_path):
+    from mindgrpo.data import render_prompt
+
+    rows = [{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
+            {"question": "Tom has 1,200 pens.", "answer": "so\n#### 1,200"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = bench_grpo.peer_prompts(tmp_path / "rows.jsonl", tmp_path / "peer.jsonl")
+    peer = [json.loads(line) for line in out.read_text().splitlines()]
+    golds = ["5", "1,200"]
+    assert peer == [{"prompt": render_prompt("gsm8k_hash", r["question"]), "gold": g} for r, g in zip(rows, golds)]
+    assert peer[0]["prompt"].endswith('output the final answer after "####".<|im_end|>\n<|im_start|>assistant\n')
+    trl_peer = (TOOLS / "trl_peer.py").read_text()
+    assert "import mindgrpo" not in trl_peer and "apply_chat_template" not in trl_peer  # it uses the text as given
+
+
 def test_the_recorded_command_keeps_no_machine_path():
     inside = str(bench_scaling.REPO / "docs" / "scaling")
     command = bench_scaling.portable_command(["--vs-trl", "/opt/venvs/trl/bin/python", "--out", inside,
