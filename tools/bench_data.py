@@ -1,12 +1,14 @@
 #!/usr/bin/env python
-"""Benchmark `convert_dataset` on the real GSM8K train file with the fixture tokenizer.
+"""Benchmark `convert_dataset` on GSM8K-format rows with the benchmarks' tokenizer (`benchlib.bench_assets`).
 
 Prints rows/s and seconds for the full conversion (read, render, tokenise, write MindRecord, verify, publish),
 next to two baselines timed in the same run on the same rows: JSON parsing alone and tokenisation alone (the
 rendered prompts through `Tokenizer.encode_batch`). The ratios say what the MindRecord plumbing costs on top of
-the unavoidable work, independent of how fast this machine is today. Target: all 7,473 rows in under 10 s.
+the unavoidable work, independent of how fast this machine is today. Target: GSM8K's 7,473 train rows in under
+10 s. The rows default to the benchmarks' prompts: GSM8K's train split when `$MINDGRPO_GSM8K` names its train.jsonl,
+else the demo's 2,000 one-digit problems.
 
-    python tools/bench_data.py [--data ../shared/data/gsm8k/train.jsonl] [--tokenizer ../shared/fixtures/tiny-qwen2.5]
+    python tools/bench_data.py [--data gsm8k/train.jsonl] [--tokenizer TOKENIZER_DIR]
 """
 from __future__ import annotations
 
@@ -19,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
+from benchlib import bench_assets  # first: it puts this checkout's mindgrpo on the path
+import mindgrpo  # noqa: F401,E402  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PromptDataset, convert_dataset, read_gsm8k, render_prompt
 from mindgrpo.data.tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
 TARGET_SECONDS = 10.0
 
 
@@ -39,12 +41,15 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"))
-    parser.add_argument("--tokenizer", default=str(REPO.parent / "shared" / "fixtures" / "tiny-qwen2.5"))
+    parser.add_argument("--data", help="GSM8K-format jsonl (default: the benchmarks' prompts)")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the benchmarks' tokenizer)")
     parser.add_argument("--template", default="gsm8k_hash")
     parser.add_argument("--max_prompt_length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if not (args.data and args.tokenizer):
+        assets = bench_assets()
+        args.data, args.tokenizer = args.data or str(assets.prompts), args.tokenizer or str(assets.tokenizer_dir)
     for path in (args.data, args.tokenizer):
         if not Path(path).exists():
             print(f"error: {path} not found; pass --data/--tokenizer", file=sys.stderr)

@@ -2,8 +2,8 @@
 
 trl 1.16 needs transformers 5, which mindformers' pin (4.57.1) forbids, so this runs in a separate venv:
 
-    python -m venv /tmp/trlenv && /tmp/trlenv/bin/pip install torch==2.13.0 trl==1.16.0
-    /tmp/trlenv/bin/python tools/make_trl_loss_reference.py [--model ../shared/fixtures/tiny-qwen2.5]
+    bash tools/make_trl_venv.sh trlenv        # TRL 1.16.0 and transformers 5 over this Python's torch
+    trlenv/bin/python tools/make_trl_loss_reference.py [--model ../shared/fixtures/tiny-qwen2.5]
 
 As ``../shared/fixtures/make_loss_reference.py`` does, each case builds a real ``trl.GRPOTrainer`` on the tiny model,
 replaces its log-prob forward (``_get_per_token_logps_and_entropies``) by a fixed leaf tensor, calls TRL's
