@@ -101,17 +101,17 @@ class AdamW(nn.Cell):
             owned = list(range(len(self.params)))
         # slots[i]: index of parameter i's moments, or -1 when another data-parallel rank keeps them.
         position = {i: slot for slot, i in enumerate(owned)}
-        self.slots = tuple(position.get(i, -1) for i in range(len(self.params)))
+        slots = [position.get(i, -1) for i in range(len(self.params))]
         kept = ParameterTuple([self.params[i] for i in owned])
         self.exp_avg = kept.clone(prefix="exp_avg", init="zeros")
         self.exp_avg_sq = kept.clone(prefix="exp_avg_sq", init="zeros")
         # One entry per parameter for the HyperMap; a parameter whose moments another rank keeps stands in for them
         # (its `owned` flag is False, so the update never reads them).
-        self.owned = tuple(slot >= 0 for slot in self.slots)
+        self.owned = tuple(slot >= 0 for slot in slots)
         self.exp_avg_slots = ParameterTuple([self.exp_avg[slot] if slot >= 0 else p
-                                             for slot, p in zip(self.slots, self.params)])
+                                             for slot, p in zip(slots, self.params)])
         self.exp_avg_sq_slots = ParameterTuple([self.exp_avg_sq[slot] if slot >= 0 else p
-                                                for slot, p in zip(self.slots, self.params)])
+                                                for slot, p in zip(slots, self.params)])
         self.hyper_map = ops.HyperMap()
         self.sync_runs = tuple(parameter_runs(len(self.params))) if self.sharded else ()
         self.owned_names = tuple(self.names[i] for i in owned)
