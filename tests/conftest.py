@@ -145,7 +145,8 @@ msrun_group = pytest.mark.xdist_group("msrun")
 # The longest work units start first, so that no worker is left running one of them alone at the end. Measured
 # serially on 2 cores (a quiet machine, 18.9 min in all): the msrun group about 450 s, tests/test_faults.py's group
 # over 120 s, the demo learning 164 s; the next units are under about 100 s.
-LONGEST_FIRST = ("msrun", "tests/test_faults.py", "tests/test_demo_learns.py::test_demo_learns_across_seeds")
+LONGEST_FIRST = ("msrun", "tests/test_faults.py", "tests/test_demo_learns.py::test_demo_learns_across_seeds",
+                 "tests/test_depth.py::test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume")
 
 
 def _group(item):

@@ -7,7 +7,9 @@
 * the trainer: GRPO steps with model_parallel 2 give the weights of model_parallel 1 (with the fused loss and
   packed micro-batches, and with the plain loss and padded ones); a TP=2 run killed after a checkpoint and resumed
   ends where an uninterrupted one does; its checkpoint resumes under TP=1 (resharded); its HF export loads in
-  transformers; a rank holds about half the model state.
+  transformers; a rank holds about half the model state;
+* examples/grpo/grpo_qwen2_5_7b.yaml trains on its CPU twin (Qwen2.5-7B's depth and vocabulary) with
+  model_parallel 2, and (slow) at its own 2 x 4 layout.
 """
 import json
 import os
@@ -28,7 +30,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group  # noqa: E402
 from test_trainer import make_config, prompts  # noqa: E402,F401  (the shared GSM8K prompt fixture)
-from tiny_qwen import make_tiny_qwen2  # noqa: E402
+from tiny_qwen import QWEN2_5_7B, make_skinny_qwen2, make_tiny_qwen2  # noqa: E402
 
 
 def _free_port() -> int:
@@ -275,24 +277,43 @@ def test_tp2_rank_holds_half_the_model_state(tp_runs):
         assert 0.5 <= two / one <= 0.55
 
 
-@msrun_group
-def test_the_7b_recipe_runs_as_a_cpu_twin_under_msrun(tmp_path, prompts, tiny_model_dir):
-    """examples/grpo/grpo_qwen2_5_7b.yaml itself, every key kept, with CPU-sized values (the tiny model, float32,
-    short completions, 2 steps) and model_parallel 2 instead of 4: the recipe's code path (shared prompt, the
-    native engine on tensor-parallel slices, ZeRO-1 setting, recompute, the reference model) trains under msrun."""
+def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int) -> Path:
+    """examples/grpo/grpo_qwen2_5_7b.yaml itself, every key kept, under msrun with ``dp x mp`` workers, on its CPU
+    twin: a skinny model with Qwen2.5-7B's depth, heads and untied vocabulary (``tiny_qwen.make_skinny_qwen2``),
+    float32, the demo's short prompts, 12-token completions, 2 steps. Returns the run folder."""
+    model = make_skinny_qwen2(tmp_path / "skinny_7b", demo.model_dir, **QWEN2_5_7B)
     recipe = REPO / "examples" / "grpo" / "grpo_qwen2_5_7b.yaml"
     overrides = [
         f"rl_config.dataset_file={prompts}", f"rl_config.output_dir={tmp_path / 'run'}", "rl_config.device_target=CPU",
-        "rl_config.max_prompt_length=192", "rl_config.seq_length=256", "rl_config.max_steps=2",
+        "rl_config.max_prompt_length=64", "rl_config.seq_length=80", "rl_config.max_steps=2",
         "rl_config.save_ckpt_interval=2", "rl_config.save_prompt_completions_interval=1",
-        f"actor_config.load={tiny_model_dir}", "actor_config.compute_dtype=float32", "ref_config.compute_dtype=float32",
-        "generate_config.sampling_config.max_tokens=12", "generate_config.max_model_len=256",
+        f"actor_config.load={model}", "actor_config.compute_dtype=float32", "ref_config.compute_dtype=float32",
+        "generate_config.sampling_config.max_tokens=12", "generate_config.max_model_len=80",
     ]
     for section in ("actor_config", "ref_config", "generate_config"):
-        overrides += [f"{section}.parallel_config.data_parallel=1", f"{section}.parallel_config.model_parallel=2"]
-    _msrun([REPO / "examples" / "grpo" / "main.py", "--config", recipe, *overrides], tmp_path / "log")
+        overrides += [f"{section}.parallel_config.data_parallel={dp}", f"{section}.parallel_config.model_parallel={mp}"]
+    _msrun([REPO / "examples" / "grpo" / "main.py", "--config", recipe, *overrides], tmp_path / "log",
+           workers=dp * mp, timeout=3600)
     from mindgrpo.train.metrics import read_metrics
 
-    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
-    layout = json.loads((tmp_path / "run" / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
-    assert (layout["tp"], layout["dp"]) == (2, 1)
+    run = tmp_path / "run"
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+    layout = json.loads((run / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
+    assert (layout["tp"], layout["dp"]) == (mp, dp)
+    return run
+
+
+@msrun_group
+def test_the_7b_recipe_runs_as_a_cpu_twin_under_msrun(tmp_path, demo_plain, demo_prompts):
+    """The 7B recipe's code path (shared prompt, the native engine on tensor-parallel slices, ZeRO-1 setting,
+    recompute, the reference model) trains at Qwen2.5-7B's depth and vocabulary under msrun, with model_parallel 2
+    and data_parallel 1 (2 workers: the default suite's budget)."""
+    run_7b_recipe_twin(tmp_path, demo_plain, demo_prompts, dp=1, mp=2)
+
+
+@pytest.mark.slow
+@msrun_group
+def test_the_7b_recipe_runs_as_a_cpu_twin_at_its_own_layout(tmp_path, demo_plain, demo_prompts):
+    """The same at the recipe's own 2 x 4 layout (8 workers on this CPU): ZeRO-1 over the data-parallel pair, 4-way
+    tensor parallelism (one KV head per rank)."""
+    run_7b_recipe_twin(tmp_path, demo_plain, demo_prompts, dp=2, mp=4)

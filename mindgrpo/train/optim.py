@@ -50,6 +50,33 @@ def _decays(param: Parameter) -> bool:
     return len(param.shape) >= 2
 
 
+# GRAPH mode unrolls a Python loop in `construct` into nested calls, and compiling stops at a call depth of 1000
+# ("Exceed function call depth limit"): a loop over every parameter of Qwen2.5-0.5B (290) that grows a tuple
+# already exceeds it, and any loop over Qwen2.5-32B's 771 does. So per-parameter work that needs no order is a
+# HyperMap (as MindSpore's own optimizers do), and work that must keep its order (collectives every rank issues in
+# the same sequence) loops over runs of at most RUN_LENGTH parameters, one method call per run.
+RUN_LENGTH = 64
+
+
+def parameter_runs(count: int, length: int = RUN_LENGTH):
+    """(start, stop) of consecutive runs of at most ``length`` of ``count`` parameters, in order."""
+    return [(start, min(start + length, count)) for start in range(0, count, length)]
+
+
+_adam_step = ops.MultitypeFuncGraph("adam_step")
+
+
+@_adam_step.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                     "Tensor", "Tensor", "Bool", "Bool")
+def _adam_update(adam, beta1, beta2, step_size, eps, decay, no_decay, param, exp_avg, exp_avg_sq, grad, decays,
+                 owned):
+    """The fused kernel's in-place step of one parameter; the new value, or zeros where another rank owns it."""
+    if not owned:
+        return ops.zeros_like(param)
+    update = adam(param, exp_avg, exp_avg_sq, step_size, beta1, beta2, eps, decay if decays else no_decay, grad)
+    return ops.depend(param, update)
+
+
 class AdamW(nn.Cell):
     """AdamW as ``torch.optim.AdamW``: decoupled decay ``p -= lr*wd*p``, bias-corrected moments.
 
@@ -74,10 +101,19 @@ class AdamW(nn.Cell):
             owned = list(range(len(self.params)))
         # slots[i]: index of parameter i's moments, or -1 when another data-parallel rank keeps them.
         position = {i: slot for slot, i in enumerate(owned)}
-        self.slots = tuple(position.get(i, -1) for i in range(len(self.params)))
+        slots = [position.get(i, -1) for i in range(len(self.params))]
         kept = ParameterTuple([self.params[i] for i in owned])
         self.exp_avg = kept.clone(prefix="exp_avg", init="zeros")
         self.exp_avg_sq = kept.clone(prefix="exp_avg_sq", init="zeros")
+        # One entry per parameter for the HyperMap; a parameter whose moments another rank keeps stands in for them
+        # (its `owned` flag is False, so the update never reads them).
+        self.owned = tuple(slot >= 0 for slot in slots)
+        self.exp_avg_slots = ParameterTuple([self.exp_avg[slot] if slot >= 0 else p
+                                             for slot, p in zip(slots, self.params)])
+        self.exp_avg_sq_slots = ParameterTuple([self.exp_avg_sq[slot] if slot >= 0 else p
+                                                for slot, p in zip(slots, self.params)])
+        self.hyper_map = ops.HyperMap()
+        self.sync_runs = tuple(parameter_runs(len(self.params))) if self.sharded else ()
         self.owned_names = tuple(self.names[i] for i in owned)
         self.beta1, self.beta2, self.eps = config.beta1, config.beta2, config.eps
         self.weight_decay = config.weight_decay
@@ -89,25 +125,23 @@ class AdamW(nn.Cell):
 
     def construct(self, grads, step_size, eps, decay):
         """One step with the scalars of :meth:`hyper_tensors`; the weights and moments change in place."""
-        updated = ()
-        for i in range(len(self.params)):
-            slot = self.slots[i]
-            if slot >= 0:
-                update = self.adam(self.params[i], self.exp_avg[slot], self.exp_avg_sq[slot], step_size,
-                                   self.betas[0], self.betas[1], eps,
-                                   decay if self.decay_flags[i] else self.no_decay, grads[i])
-                updated += (ops.depend(self.params[i], update),)
-            else:
-                updated += (ops.zeros_like(self.params[i]),)
-        if not self.sharded:
-            return ops.depend(step_size, updated)
-        # Each AllReduce waits for the previous one: the ranks' graphs differ (each updates its own parameters),
-        # and collectives must be issued in the same order everywhere.
-        previous, synced = step_size, ()
-        for i in range(len(self.params)):
-            previous = self.all_reduce(ops.depend(updated[i], previous))
-            synced += (ops.assign(self.params[i], previous),)
-        return ops.depend(step_size, synced)
+        updated = self.hyper_map(ops.partial(_adam_step, self.adam, self.betas[0], self.betas[1], step_size, eps,
+                                             decay, self.no_decay),
+                                 self.params, self.exp_avg_slots, self.exp_avg_sq_slots, grads, self.decay_flags,
+                                 self.owned)
+        previous = ops.depend(step_size, updated)
+        for start, stop in self.sync_runs:  # ZeRO-1 only
+            previous = self._sync(updated, start, stop, previous)
+        return ops.depend(step_size, previous)
+
+    def _sync(self, updated, start, stop, previous):
+        """ZeRO-1's weight sync of parameters ``start..stop-1``: an AllReduce-SUM per parameter over the data-parallel
+        group of its updated value (owners add their new weights, the others zeros), each waiting for the previous
+        one (the ranks' graphs differ, as each updates its own parameters, and collectives must be issued in the
+        same order everywhere)."""
+        for i in range(start, stop):
+            previous = ops.assign(self.params[i], self.all_reduce(ops.depend(updated[i], previous)))
+        return previous
 
     def hyper_tensors(self, lr: float) -> Tuple[Tensor, Tensor, Tensor]:
         """Advance the step count and return the kernel's (step size, epsilon, decay) as float32 tensors.
@@ -148,17 +182,40 @@ class AdamW(nn.Cell):
         self.step_count = int(state[STEP_COUNT])
 
 
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+
+
+@_square_sum.register("Tensor", "Number")
+def _square_sum_of(grad, copies):
+    square = ops.square(grad.astype(ms.float32))
+    # rows first: MindSpore's CPU ReduceSum of a whole 2-D tensor is about 8x slower than over its last axis
+    term = square.reshape((-1, grad.shape[-1])).sum(-1).sum() if grad.ndim > 1 else square.sum()
+    return term / copies if copies > 1 else term
+
+
+@_square_sum.register("Tensor")
+def _square_sum_once(grad):
+    return _square_sum_of(grad, 1)
+
+
+_scaled = ops.MultitypeFuncGraph("scaled")
+
+
+@_scaled.register("Tensor", "Tensor")
+def _scaled_by(scale, grad):
+    return grad * scale.astype(grad.dtype)
+
+
+_hyper_map = ops.HyperMap()
+
+
 def squared_norm(grads, copies: Optional[Sequence[int]] = None) -> Tensor:
     """Sum of the gradients' squared L2 norms (float32), each divided by its ``copies``: a tensor held identically
     by several tensor-parallel ranks (norm scales, replicated KV heads) is then counted once when the ranks' sums
     are added up."""
-    terms = []
-    for i, g in enumerate(grads):
-        square = ops.square(g.astype(ms.float32))
-        # rows first: MindSpore's CPU ReduceSum of a whole 2-D tensor is about 8x slower than over its last axis
-        term = square.reshape((-1, g.shape[-1])).sum(-1).sum() if g.ndim > 1 else square.sum()
-        terms.append(term / copies[i] if copies is not None and copies[i] > 1 else term)
-    return ops.addn(terms)
+    if copies is None:
+        return ops.addn(_hyper_map(_square_sum, grads))
+    return ops.addn(_hyper_map(_square_sum, grads, copies))
 
 
 def global_norm(grads) -> Tensor:
@@ -171,7 +228,7 @@ def clip_to_norm(grads, norm: Tensor, max_norm: float):
     if max_norm <= 0:
         return grads
     scale = ops.minimum(Tensor(1.0, ms.float32), max_norm / (norm + 1e-6))
-    return tuple(g * scale.astype(g.dtype) for g in grads)
+    return _hyper_map(ops.partial(_scaled, scale), grads)
 
 
 def clip_by_global_norm(grads, max_norm: float):

@@ -25,7 +25,7 @@ from mindgrpo.models import PackedPromptForward, SharedPromptForward
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.train.distributed import DistInfo
-from mindgrpo.train.optim import AdamW, clip_to_norm, squared_norm
+from mindgrpo.train.optim import AdamW, clip_to_norm, parameter_runs, squared_norm
 
 
 class UnsharedForward(nn.Cell):
@@ -165,12 +165,12 @@ class AccumulateGradients(nn.Cell):
         super().__init__(auto_prefix=False)
         self.grad_fn = ms.value_and_grad(loss_cell, None, ParameterTuple(params), has_aux=True)
         self.accumulators = accumulators
+        self.hyper_map, self.assign_add = ops.HyperMap(), ops.AssignAdd()
 
     def construct(self, *inputs):
         (loss, metrics, entropy, gap), grads = self.grad_fn(*inputs)
-        for i in range(len(self.accumulators)):
-            ops.assign_add(self.accumulators[i], grads[i])
-        return loss, metrics, entropy, gap
+        added = self.hyper_map(self.assign_add, self.accumulators, grads)
+        return ops.depend(loss, added), metrics, entropy, gap
 
 
 class ReduceAndClip(nn.Cell):
@@ -187,8 +187,9 @@ class ReduceAndClip(nn.Cell):
       average the DP ranks hold identical gradients and add nothing.
 
     Every collective is an AllReduce-SUM, the one CPU runs on sub-groups, and each waits for the previous one so
-    that all ranks issue them in the same order. ``layout`` is None without tensor parallelism; ``hf_names`` are
-    the Hugging Face names of the accumulators' parameters, in order (needed with a layout).
+    that all ranks issue them in the same order (in runs of accumulators, :func:`~mindgrpo.train.optim.parameter_runs`,
+    so that no compiled loop grows with the model's depth). ``layout`` is None without tensor parallelism;
+    ``hf_names`` are the Hugging Face names of the accumulators' parameters, in order (needed with a layout).
     """
 
     def __init__(self, accumulators: ParameterTuple, max_norm: float, dist: DistInfo,
@@ -210,11 +211,25 @@ class ReduceAndClip(nn.Cell):
         # Ranks r with equal r // kv_replicas hold the same KV head.
         replicas = layout.kv_replicas if layout is not None else 1
         self.kv_groups, self.kv_slot = tp // replicas, tp_rank // replicas
+        # The accumulators a collective touches, in order, in runs.
+        reduced = [i for i in range(len(accumulators)) if self.dp_sum is not None or self.shared_kv[i]]
+        self.runs = tuple(tuple(reduced[start:stop]) for start, stop in parameter_runs(len(reduced)))
+        self.hyper_map, self.assign = ops.HyperMap(), ops.Assign()
 
     def construct(self):
         previous = self.dp_scale  # the last collective's output: the next one waits for it
-        grads = ()
-        for i in range(len(self.accumulators)):
+        for run in self.runs:
+            previous = self._reduce(run, previous)
+        squares = squared_norm(self.accumulators, self.copies)
+        if self.tp_sum is not None:
+            squares = self.tp_sum(ops.depend(squares, previous))
+        norm = ops.sqrt(squares)
+        clipped = self.hyper_map(self.assign, self.accumulators, clip_to_norm(self.accumulators, norm, self.max_norm))
+        return ops.depend(norm, clipped)
+
+    def _reduce(self, run, previous):
+        """The collectives of the accumulators in ``run``, in place; returns the last collective's output."""
+        for i in run:
             grad = self.accumulators[i]
             if self.shared_kv[i]:
                 grad = self._sum_kv_replicas(ops.depend(grad, previous))
@@ -223,15 +238,8 @@ class ReduceAndClip(nn.Cell):
                 grad = self.dp_sum(ops.depend(grad, previous))
                 previous = grad
                 grad = grad * self.dp_scale.astype(grad.dtype)
-            grads += (grad,)
-        squares = squared_norm(grads, self.copies)
-        if self.tp_sum is not None:
-            squares = self.tp_sum(ops.depend(squares, previous))
-        norm = ops.sqrt(squares)
-        grads = clip_to_norm(grads, norm, self.max_norm)
-        for i in range(len(self.accumulators)):
-            ops.assign(self.accumulators[i], grads[i])
-        return norm
+            previous = ops.depend(previous, self.assign(self.accumulators[i], grad))
+        return previous
 
     def _sum_kv_replicas(self, grad):
         if self.kv_groups == 1:
@@ -251,10 +259,19 @@ class ApplyGradients(nn.Cell):
     def __init__(self, accumulators: ParameterTuple, optimizer: AdamW):
         super().__init__(auto_prefix=False)
         self.accumulators, self.optimizer = accumulators, optimizer
+        self.hyper_map = ops.HyperMap()
 
     def construct(self, step_size, eps, decay):
         """Scalars from :meth:`AdamW.hyper_tensors`."""
         step_size = self.optimizer(tuple(self.accumulators), step_size, eps, decay)
-        for i in range(len(self.accumulators)):
-            ops.assign(self.accumulators[i], ops.depend(ops.zeros_like(self.accumulators[i]), step_size))
-        return step_size
+        zeroed = self.hyper_map(ops.partial(_zero_after, step_size), self.accumulators)
+        return ops.depend(step_size, zeroed)
+
+
+_zero_after = ops.MultitypeFuncGraph("zero_after")
+
+
+@_zero_after.register("Tensor", "Tensor")
+def _zero_accumulator(step_size, accumulator):
+    """Reset an accumulator once the step (``step_size``, the optimizer's output) has read it."""
+    return ops.assign(accumulator, ops.depend(ops.zeros_like(accumulator), step_size))

@@ -1,0 +1,120 @@
+"""Qwen2.5's real depth and vocabulary in GRAPH mode, on "skinny" models (``tiny_qwen.make_skinny_qwen2``: the real
+layer count, heads and untied 152,064-row vocabulary, hidden 4 per head, intermediate 32), made locally.
+
+A compiled loop over every parameter unrolls into nested calls, and MindSpore stops compiling at a call depth of
+1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
+
+* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters): a GRPO step (rollout, reference, update, checkpoint),
+  then a second trainer resumes from that checkpoint and runs step 2;
+* Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
+  over all of its parameters, against numpy; and (slow: a 64-layer forward and backward take minutes to compile)
+  one GRPO step.
+
+The 7B twin under msrun with tensor parallelism is in ``tests/test_tensor_parallel.py``.
+"""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import mindgrpo  # noqa: F401  (before MindSpore: it configures MindSpore's logging)
+import mindspore as ms
+from mindspore import ParameterTuple, Tensor, nn, ops
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import small_run_config  # noqa: E402
+from tiny_qwen import QWEN2_5_7B, QWEN2_5_32B, make_skinny_qwen2  # noqa: E402
+
+
+def skinny_config(out: Path, prompts: Path, model: Path, **rl):
+    """2 prompts x 4 completions of 8 tokens, rewarded by their length (the random model's completions differ in
+    length, so every step has advantages): one micro-batch's vocabulary projection is [4 x 8, 152,064] float32,
+    19 MB."""
+    return small_run_config(out, prompts, model, max_prompt_length=64, seq_length=80, max_tokens=8,
+                            verifiers=["toy_verifiers:text_length"], **rl)
+
+
+def checkpoint(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step_{step:08d}" / "model"
+
+
+def largest_change(before: Path, after: Path) -> float:
+    """The largest change of any weight between two Hugging Face folders."""
+    from safetensors.numpy import load_file
+
+    old, new = load_file(before / "model.safetensors"), load_file(after / "model.safetensors")
+    assert set(new) == set(old)
+    return max(float(np.abs(new[k] - old[k]).max()) for k in old)
+
+
+def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, demo_plain, demo_prompts):
+    from mindgrpo.train.metrics import read_metrics
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
+    run = tmp_path / "run"
+    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1)).train()
+    assert largest_change(model, checkpoint(run, 1)) > 1e-5  # the update ran
+    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
+                              resume_training=True)).train()
+    rows = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(np.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
+    assert largest_change(checkpoint(run, 1), checkpoint(run, 2)) > 1e-5
+
+
+_square_sum = ops.MultitypeFuncGraph("square_sum")
+
+
+@_square_sum.register("Tensor")
+def _square_sum_of(param):
+    return (param * param).sum()
+
+
+class SquaresLoss(nn.Cell):
+    """A loss over every parameter, ``scale * sum(p^2)``, whose gradient ``2 * scale * p`` is known exactly: the
+    update graphs' numbers are checked against numpy without compiling a 64-layer forward."""
+
+    def __init__(self, params):
+        super().__init__(auto_prefix=False)
+        self.params, self.hyper_map = ParameterTuple(params), ops.HyperMap()
+
+    def construct(self, scale):
+        loss = ops.addn(self.hyper_map(_square_sum, self.params)) * scale
+        return loss, loss, loss, loss  # the update graph's (loss, metrics, entropy, rollout gap)
+
+
+def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
+    """The three update graphs over every parameter of a 64-layer model (771 tensors, each of which an unrolled
+    loop would visit) in GRAPH mode: gradient accumulation, global-norm clipping and the AdamW step, against numpy."""
+    from mindgrpo.config import OptimizerConfig
+    from mindgrpo.models import build_model
+    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.train.optim import AdamW
+    from mindgrpo.train.step_graphs import AccumulateGradients, ApplyGradients, ReduceAndClip
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    model = build_model(make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B), seq_length=80)
+    params = model.trainable_params()
+    assert len(params) == 64 * 12 + 3  # every layer's 12 tensors, the final norm, embedding and lm_head
+    before = [p.asnumpy().astype(np.float64) for p in params]
+    accumulators = ParameterTuple(params).clone(prefix="grad_accum", init="zeros")
+    optimizer = AdamW(params, OptimizerConfig(max_grad_norm=1.0))
+    for _ in range(2):  # two micro-batches: the accumulators add up
+        AccumulateGradients(SquaresLoss(params), params, accumulators)(Tensor(0.25, ms.float32))
+    grads = before  # twice the gradient of 0.25 p^2: p
+    norm = float(ReduceAndClip(accumulators, 1.0, DistInfo())())
+    expected = np.sqrt(sum(float(np.sum(g ** 2)) for g in grads))
+    assert norm == pytest.approx(expected, rel=1e-5)
+    scale = min(1.0, 1.0 / (expected + 1e-6))
+    for acc, g in zip(list(accumulators)[::97], grads[::97]):
+        np.testing.assert_allclose(acc.asnumpy(), g * scale, rtol=1e-5, atol=1e-8, err_msg=acc.name)
+    ApplyGradients(accumulators, optimizer)(*optimizer.hyper_tensors(1e-3))
+    assert all(not acc.asnumpy().any() for acc in accumulators)  # reset for the next step
+    # AdamW's first step (no weight decay) moves an entry by lr * |g| / (|g| + eps): lr, but for the tiniest entries
+    for p, old in zip(params[::97], before[::97]):
+        step = np.abs(p.asnumpy() - old)
+        assert np.all(step <= 1.0001e-3) and np.median(step) == pytest.approx(1e-3, rel=1e-3), p.name
