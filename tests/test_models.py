@@ -1,4 +1,4 @@
-"""Qwen2 build, strict Hugging Face weight loading and log-prob parity with transformers (../shared fixtures)."""
+"""Qwen2 build, strict Hugging Face weight loading and log-prob parity with transformers (tests/fixtures/)."""
 import contextlib
 import json
 import shutil

@@ -1,4 +1,4 @@
-"""The native rollout engine on Qwen2.5-VL prompts (../shared/fixtures/tiny-qwen2.5-vl): images in the prefill, M-RoPE
+"""The native rollout engine on Qwen2.5-VL prompts (tests/fixtures/make_qwen_vl.py): images in the prefill, M-RoPE
 positions, decode positions continuing from each prompt's rope_delta, on the plain and the fused decode paths.
 
 References: transformers' greedy ``generate`` with a KV cache (``greedy_new_tokens``) and its logits after each
