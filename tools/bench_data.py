@@ -6,12 +6,15 @@ next to two baselines timed in the same run on the same rows: JSON parsing alone
 rendered prompts through `Tokenizer.encode_batch`). The ratios say what the MindRecord plumbing costs on top of
 the unavoidable work, independent of how fast this machine is today. Target: all 7,473 rows in under 10 s.
 
-    python tools/bench_data.py [--data ../shared/data/gsm8k/train.jsonl] [--tokenizer ../shared/fixtures/tiny-qwen2.5]
+    python tools/bench_data.py [--data $MINDGRPO_GSM8K/train.jsonl] [--tokenizer FOLDER]
+
+The tokenizer defaults to the project's generated tiny-qwen2.5 (tests/fixtures/cache.py builds it on first use).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -24,6 +27,7 @@ from mindgrpo.data import PromptDataset, convert_dataset, read_gsm8k, render_pro
 from mindgrpo.data.tokenizer import load_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
+GSM8K = Path(os.environ.get("MINDGRPO_GSM8K", REPO.parent / "shared" / "data" / "gsm8k"))
 TARGET_SECONDS = 10.0
 
 
@@ -39,12 +43,17 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "gsm8k" / "train.jsonl"))
-    parser.add_argument("--tokenizer", default=str(REPO.parent / "shared" / "fixtures" / "tiny-qwen2.5"))
+    parser.add_argument("--data", default=str(GSM8K / "train.jsonl"))
+    parser.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the generated tiny-qwen2.5)")
     parser.add_argument("--template", default="gsm8k_hash")
     parser.add_argument("--max_prompt_length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
+    if args.tokenizer is None:
+        sys.path.insert(0, str(REPO / "tests"))
+        from fixtures.cache import fixture_root
+
+        args.tokenizer = str(fixture_root() / "tiny-qwen2.5")
     for path in (args.data, args.tokenizer):
         if not Path(path).exists():
             print(f"error: {path} not found; pass --data/--tokenizer", file=sys.stderr)
