@@ -11,7 +11,7 @@ import pytest
 
 from conftest import msrun_group
 from multinode import LAUNCHER, REPO, check_nodes, launch_nodes
-from test_trainer import make_config, prompts  # noqa: F401  (the shared GSM8K prompt fixture)
+from test_trainer import make_config, prompts  # noqa: F401  (the GSM8K-format prompt fixture)
 
 CONFIG = REPO / "examples" / "grpo" / "grpo_qwen2_5_32b_2nodes.yaml"
 PROBE = """

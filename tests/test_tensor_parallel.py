@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group  # noqa: E402
-from test_trainer import make_config, prompts  # noqa: E402,F401  (the shared GSM8K prompt fixture)
+from test_trainer import make_config, prompts  # noqa: E402,F401  (the GSM8K-format prompt fixture)
 from tiny_qwen import make_tiny_qwen2  # noqa: E402
 
 
