@@ -136,8 +136,12 @@ def _import_tensorboardx_without_torch() -> None:
 def lean_mindformers_import() -> Iterator[None]:
     """Wrap the imports that load MindFormers (see the module docstring).
 
-    MindSpore is imported first because its generated protobuf modules must load before tensorboardX's.
+    MindSpore is imported first because its generated protobuf modules must load before tensorboardX's. Once
+    MindFormers is in ``sys.modules`` (imported, or importing in an enclosing call) this does nothing.
     """
+    if "mindformers" in sys.modules:
+        yield
+        return
     import mindspore  # noqa: F401
 
     with _deferring(DEFERRED_PACKAGES):

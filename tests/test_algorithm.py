@@ -211,6 +211,32 @@ def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_every_reduction_is_the_same_on_one_rank_and_on_two(impl, loss_type):
+    """The layout does not change the step: one process summing 4 micro-batches of 2 sequences, and 2 data-parallel
+    ranks summing 2 each whose gradients the reducer averages, give the same gradient for every loss_type (bnpo's
+    per-micro-batch token means included; dapo's num_items counts the tokens of both ranks)."""
+    logp, old, ref, adv, mask = random_batch(13, 8, 10)
+    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
+                            max_completion_length=10, impl=impl)
+    num_items = Tensor(np.float32(mask.sum()))
+
+    def gradient(rows, grad_accum_steps, dp_size):
+        fn = ms.grad(lambda lp: grpo_loss(
+            lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
+            num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
+        return fn(Tensor(logp[rows])).asnumpy()
+
+    one, two = np.zeros_like(logp), np.zeros_like(logp)
+    for micro in range(4):
+        rows = slice(2 * micro, 2 * micro + 2)
+        one[rows] = gradient(rows, 4, 1)
+        two[rows] = gradient(rows, 2, 2) / 2  # rank micro // 2's micro-batch; the reducer's mean over 2 ranks
+    np.testing.assert_allclose(two, one, rtol=0, atol=1e-8)
+    assert np.abs(one).max() > 1e-3
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
 def test_row_weights_give_the_step_loss_however_sequences_are_grouped(impl, loss_type):
     """Packed training regroups a step's sequences into micro-batches of other sizes and members: summed with
     step_row_weights, they give the loss and gradient of the consecutive micro-batches of micro_batch_size (one rank
@@ -297,6 +323,49 @@ def test_group_advantages_match_unbiased_std_formula(ms_mode, scale_rewards):
     np.testing.assert_allclose(advantages.asnumpy(), numpy_advantages(rewards, 4, scale_rewards), atol=1e-5)
     assert int(zero_std) == 1
     assert np.all(advantages.asnumpy()[4:8] == 0)  # all-equal rewards: no signal
+
+
+def _on_ranks(fn, shares):
+    """fn(share, all_reduce_sum) on one thread per share, whose all_reduce_sum sums the ranks' arrays (a stand-in
+    for the data-parallel collective: every rank waits for the others at each call, as AllReduce does)."""
+    import threading
+
+    barrier, slots, results = threading.Barrier(len(shares)), [None] * len(shares), [None] * len(shares)
+
+    def run(rank):
+        def all_reduce_sum(values):
+            slots[rank] = np.asarray(values, np.float64)
+            barrier.wait()
+            total = sum(slots)
+            barrier.wait()  # nobody overwrites a slot before everyone has summed
+            return total
+        results[rank] = fn(shares[rank], all_reduce_sum)
+
+    threads = [threading.Thread(target=run, args=(rank,)) for rank in range(len(shares))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def test_batch_scaling_over_data_parallel_ranks_equals_one_batch():
+    """scale_rewards "batch" with the global batch's rewards spread over 3 data-parallel ranks: each rank's
+    advantages, divided by global_batch_std, are its rows of the whole batch's (the rank's own std would not be)."""
+    from mindgrpo.algorithm import global_batch_std
+
+    rewards = np.array([1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 2, -1, 0, 3], np.float32)
+    whole = group_advantages(rewards, 2, scale_rewards="batch")[0].asnumpy()
+    shares = np.split(rewards, 3)
+    stds = _on_ranks(global_batch_std, shares)
+    assert stds == pytest.approx([rewards.astype(np.float64).std(ddof=1)] * 3, rel=1e-12)
+    gap = 0.0
+    for rank, (share, std) in enumerate(zip(shares, stds)):
+        ours = group_advantages(share, 2, scale_rewards="batch", batch_std=std)[0].asnumpy()
+        np.testing.assert_allclose(ours, whole[rank * 4:(rank + 1) * 4], atol=1e-6)
+        own = group_advantages(share, 2, scale_rewards="batch")[0].asnumpy()
+        gap = max(gap, float(np.abs(own - ours).max()))
+    assert gap > 1e-2
 
 
 def test_group_advantages_edge_cases():

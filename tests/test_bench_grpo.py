@@ -14,6 +14,7 @@ sys.path.insert(0, str(TOOLS))
 
 import bench_grpo  # noqa: E402
 import bench_scaling  # noqa: E402
+import benchlib  # noqa: E402
 import length_mix  # noqa: E402
 
 EOS = 4095
@@ -142,13 +143,62 @@ def test_scaling_table_and_plot_from_a_report(tmp_path):
     assert (out / "scaling.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_assets_are_made_from_the_demo_rows_without_any_shared_folder(tmp_path, monkeypatch):
+    monkeypatch.delenv(benchlib.GSM8K_ENV, raising=False)
+    monkeypatch.setattr(benchlib, "SHARED_GSM8K", tmp_path / "absent" / "train.jsonl")
+    assets = benchlib.bench_assets(tmp_path / "cache")
+    assert "demo" in assets.source and not list((tmp_path / "cache").glob(".*partial*"))
+    rows = [json.loads(line) for line in assets.prompts.read_text().splitlines()]
+    assert len(rows) == 2000 and rows[0]["answer"].split("#### ")[-1].isdigit()
+    from mindgrpo.data.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(assets.tokenizer_dir)
+    for size, dims in benchlib.SIZES.items():
+        config = json.loads((assets.model(size) / "config.json").read_text())
+        assert {k: config[k] for k in dims} == dims and config["vocab_size"] == benchlib.VOCAB
+        assert config["eos_token_id"] == tokenizer.eos_token_id < benchlib.VOCAB  # the tokenizer's own ids
+        assert (assets.model(size) / "tokenizer.json").exists()
+    assert benchlib.bench_assets(tmp_path / "cache") == assets  # found again, not rebuilt
+    monkeypatch.setenv(benchlib.GSM8K_ENV, str(tmp_path / "missing.jsonl"))
+    with pytest.raises(FileNotFoundError, match="MINDGRPO_GSM8K"):
+        benchlib.bench_assets(tmp_path / "cache")
+
+
+def test_the_trl_peer_gets_mindgrpos_own_prompts_and_gold_numbers(tmp_path):
+    from mindgrpo.data import render_prompt
+
+    rows = [{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
+            {"question": "Tom has 1,200 pens.", "answer": "so\n#### 1,200"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = bench_grpo.peer_prompts(tmp_path / "rows.jsonl", tmp_path / "peer.jsonl")
+    peer = [json.loads(line) for line in out.read_text().splitlines()]
+    golds = ["5", "1,200"]
+    assert peer == [{"prompt": render_prompt("gsm8k_hash", r["question"]), "gold": g} for r, g in zip(rows, golds)]
+    assert peer[0]["prompt"].endswith('output the final answer after "####".<|im_end|>\n<|im_start|>assistant\n')
+    trl_peer = (TOOLS / "trl_peer.py").read_text()
+    assert "import mindgrpo" not in trl_peer and "apply_chat_template" not in trl_peer  # it uses the text as given
+
+
+def test_the_recorded_command_keeps_no_machine_path():
+    inside = str(bench_scaling.REPO / "docs" / "scaling")
+    command = bench_scaling.portable_command(["--vs-trl", "/opt/venvs/trl/bin/python", "--out", inside,
+                                              "--model-cache=/var/cache/x", "--steps", "5", "1"])
+    assert command == ("python tools/bench_scaling.py --vs-trl '<TRL python>' --out docs/scaling "
+                       "'--model-cache=<x>' --steps 5 1")
+
+
 @pytest.mark.slow
-def test_worker_prints_one_json_line_without_recompiling(tiny_model_dir, gsm8k_dir, tmp_path):
+def test_worker_prints_one_json_line_without_recompiling(tmp_path, monkeypatch):
+    monkeypatch.delenv(benchlib.GSM8K_ENV, raising=False)
+    monkeypatch.setattr(benchlib, "SHARED_GSM8K", tmp_path / "absent" / "train.jsonl")  # the demo's rows: quick
+    assets = benchlib.bench_assets(tmp_path / "assets")
     out = subprocess.run([sys.executable, str(TOOLS / "bench_grpo.py"), "--worker", "tiny", "--model-dir",
-                          str(tiny_model_dir), "--work-dir", str(tmp_path), "--steps", "3", "--warmup", "1"],
-                         capture_output=True, text=True, check=True).stdout
+                          str(assets.model("tiny")), "--work-dir", str(tmp_path), "--prompts", str(assets.prompts),
+                          "--steps", "3", "--warmup", "1"], capture_output=True, text=True, check=True).stdout
     result = json.loads(out.strip().splitlines()[-1])
     assert result["recompiles_after_warmup"] == 0
     assert result["tokens_per_sec"] > 0 and 0 < result["mfu"] < 1
     assert abs(sum(result[f"share_{k}"] for k in ("rollout", "reference", "update", "other")) - 1) < 1e-3
-    assert result["lengths"]["count"] == 2 * 32 and result["eos_ids"] == [EOS]
+    assert abs(sum(result["phase_seconds"].values()) / result["sec_per_step"] - 1) < 0.5  # mean vs median step
+    eos = json.loads((assets.model("tiny") / "config.json").read_text())["eos_token_id"]
+    assert result["lengths"]["count"] == 2 * 32 and result["eos_ids"] == [eos] and result["cpu"]

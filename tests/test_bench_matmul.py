@@ -39,6 +39,23 @@ def test_every_layout_computes_forward_dx_and_dw_of_the_same_linear():
     assert {c.role for c in reference} == {"fwd"}
 
 
+def test_rollout_products_are_the_engines_prefill_and_decode_shapes():
+    width, hidden = 128, SMALL["hidden_size"]
+    cases = bench_matmul.model_cases(64, width, decode_rows=(32, 128))
+    by_phase = {}
+    for case in cases:
+        by_phase.setdefault(case.phase, []).append(case)
+    assert list(by_phase) == ["prefill", "decode", "decode 128", "reference", "update"]
+    gate = {c.layout: c for c in by_phase["decode"] if c.linear == "gate"}  # forward only, every layout
+    assert {c.role for c in gate.values()} == {"fwd"} and set(gate) == set(bench_matmul.LAYOUTS)
+    runs = gate[bench_matmul.STEP_LAYOUT["decode"]]  # the engine's: W[out, in] @ xT[in, B]
+    assert (runs.trans, runs.m, runs.k, runs.n) == ("NN", SMALL["intermediate_size"], hidden, 32)
+    assert {c.n for c in by_phase["decode 128"] if c.layout == "WxT"} == {128}
+    prefill = {c.linear: c for c in by_phase["prefill"]}  # x [rows, in] @ W^T: 4 padded prompts, logits at the last
+    assert (prefill["q"].trans, prefill["q"].m) == ("NT", bench_matmul.PROMPTS * width)
+    assert prefill["lm_head"].m == bench_matmul.PROMPTS and len(by_phase["prefill"]) == len(prefill)
+
+
 def test_phase_totals_count_layers_uses_and_micro_batches():
     cases = bench_matmul.model_cases(8, 16)
     seconds = {c: 1.0 for c in cases}
@@ -51,6 +68,7 @@ def test_phase_totals_count_layers_uses_and_micro_batches():
     assert totals["reference", "xWt", False] == layers * per_layer + 1
     assert totals["reference", "xWt", True] == layers * fused_per_layer + 1
     assert totals["update", "WxT", False] == micro * 3 * (layers * per_layer + 1)
+    assert totals["decode", "WxT", False] == layers * per_layer + 1  # one decoding step
 
 
 @pytest.mark.parametrize("trans", ["NN", "NT", "TN"])

@@ -11,6 +11,7 @@ TOOLS = Path(__file__).resolve().parents[1] / "tools"
 sys.path.insert(0, str(TOOLS))
 
 import bench_tp  # noqa: E402
+from conftest import msrun_group  # noqa: E402
 
 
 def test_one_process_runs_plainly_and_two_under_msrun_with_the_threads_split(tmp_path):
@@ -48,7 +49,8 @@ def test_tensor_parallel_ranks_count_their_shared_batch_once_and_data_parallel_r
 
 
 @pytest.mark.slow
-def test_three_layouts_print_their_lines_and_a_comparison(gsm8k_dir, tiny_model_dir):
+@msrun_group
+def test_three_layouts_print_their_lines_and_a_comparison():
     out = subprocess.run([sys.executable, str(TOOLS / "bench_tp.py"), "--steps", "2", "--warmup", "1"],
                          capture_output=True, text=True, check=True).stdout
     lines = [json.loads(line) for line in out.strip().splitlines()]

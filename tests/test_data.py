@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, SHARED, generated_fixture, gsm8k_path
+from conftest import REPO, generated_fixture, gsm8k_path
 from mindgrpo.data import mindrecord
 from mindgrpo.data import (PROMPT_TEMPLATES, DataError, PromptDataset, Record, RowError, convert_dataset, index_path,
                            read_dataset, render_prompt)
@@ -73,17 +73,6 @@ def test_templates_render_documented_formats():
     assert all(t.description for t in PROMPT_TEMPLATES.values())
     with pytest.raises(ValueError, match="r1_zero"):
         render_prompt("nope", q)
-
-
-def test_peer_benchmark_suffix_is_unchanged():
-    import ast
-
-    peer = SHARED / "peer" / "trl_grpo_bench.py"
-    if not peer.exists():
-        pytest.skip(f"peer benchmark not found: {peer}")
-    assignments = {node.targets[0].id: node.value for node in ast.parse(peer.read_text()).body
-                   if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)}
-    assert ast.literal_eval(assignments["SUFFIX"]) == PEER_SUFFIX
 
 
 # ---- real GSM8K -----------------------------------------------------------------------------------------------

@@ -1,20 +1,19 @@
 #!/usr/bin/env python
-"""Benchmark `convert_dataset` on the real GSM8K train file with the fixture tokenizer.
+"""Benchmark `convert_dataset` on GSM8K-format rows with the benchmarks' tokenizer (`benchlib.bench_assets`).
 
 Prints rows/s and seconds for the full conversion (read, render, tokenise, write MindRecord, verify, publish),
 next to two baselines timed in the same run on the same rows: JSON parsing alone and tokenisation alone (the
 rendered prompts through `Tokenizer.encode_batch`). The ratios say what the MindRecord plumbing costs on top of
-the unavoidable work, independent of how fast this machine is today. Target: all 7,473 rows in under 10 s.
+the unavoidable work, independent of how fast this machine is today. Target: GSM8K's 7,473 train rows in under
+10 s. The rows default to the benchmarks' prompts: GSM8K's train split when `$MINDGRPO_GSM8K` names its train.jsonl,
+else the demo's 2,000 one-digit problems.
 
-    python tools/bench_data.py [--data $MINDGRPO_GSM8K/train.jsonl] [--tokenizer FOLDER]
-
-The tokenizer defaults to the project's generated tiny-qwen2.5 (tests/fixtures/cache.py builds it on first use).
+    python tools/bench_data.py [--data gsm8k/train.jsonl] [--tokenizer TOKENIZER_DIR]
 """
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -22,12 +21,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
+from benchlib import bench_assets  # first: it puts this checkout's mindgrpo on the path
+import mindgrpo  # noqa: F401,E402  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PromptDataset, convert_dataset, read_gsm8k, render_prompt
 from mindgrpo.data.tokenizer import load_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
-GSM8K = Path(os.environ.get("MINDGRPO_GSM8K", REPO.parent / "shared" / "data" / "gsm8k"))
 TARGET_SECONDS = 10.0
 
 
@@ -43,17 +41,15 @@ def best_of(repeats: int, fn: Callable[[], object]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=str(GSM8K / "train.jsonl"))
-    parser.add_argument("--tokenizer", default=None, help="a tokenizer folder (default: the generated tiny-qwen2.5)")
+    parser.add_argument("--data", help="GSM8K-format jsonl (default: the benchmarks' prompts)")
+    parser.add_argument("--tokenizer", help="tokenizer folder (default: the benchmarks' tokenizer)")
     parser.add_argument("--template", default="gsm8k_hash")
     parser.add_argument("--max_prompt_length", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if args.tokenizer is None:
-        sys.path.insert(0, str(REPO / "tests"))
-        from fixtures.cache import fixture_root
-
-        args.tokenizer = str(fixture_root() / "tiny-qwen2.5")
+    if not (args.data and args.tokenizer):
+        assets = bench_assets()
+        args.data, args.tokenizer = args.data or str(assets.prompts), args.tokenizer or str(assets.tokenizer_dir)
     for path in (args.data, args.tokenizer):
         if not Path(path).exists():
             print(f"error: {path} not found; pass --data/--tokenizer", file=sys.stderr)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """End-to-end GRPO benchmark: mindgrpo's trainer at exactly the peer TRL benchmark's settings, optionally beside it.
 
-Settings (those of ../shared/peer/trl_grpo_bench.py): 4 GSM8K train prompts x 8 completions per optimizer step,
+Settings (those of the TRL peer, tools/trl_peer.py): 4 GSM8K-format prompts x 8 completions per optimizer step,
 `--max-new-tokens` new tokens (64 by default), the `gsm8k_hash` prompt (a ChatML user turn ending 'Let's think step
 by step and output the final answer after "####".'), temperature 1.0 (no top-k, no top-p), beta 0.04, learning rate
 1e-5, num_iterations 1, loss_type dapo (TRL's default), fp32, reward 1 when the last `#### N` equals the gold answer.
@@ -9,9 +9,12 @@ The optimizer step is TRL's (one per 32 completions, loss normalised over all of
 packed forwards (`actor_config.max_tokens_per_micro_batch`, `--packed-rows`): the completions end to end without
 their padding, in rows of `--max-new-tokens` tokens, 8 rows (at most 4,096 tokens) per forward, so the number of
 forwards follows the tokens sampled and their memory stays level as the limit grows. `--packed-rows 0` gives
-padded micro-batches of `--micro-batch` completions (16: two groups) instead. Models: the tiny fixture
-(../shared/fixtures/tiny-qwen2.5) and `small` (hidden 512, 8 layers,
-8 heads, 2 KV heads, intermediate 1408, the fixture's tokenizer), both randomly initialised Qwen2.
+padded micro-batches of `--micro-batch` completions (16: two groups) instead. Models (`benchlib.bench_assets`,
+made locally and cached in `--model-cache`): tiny (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate 352) and
+`small` (hidden 512, 8 layers, 8 heads, 2 KV heads, intermediate 1408), randomly initialised Qwen2 with a
+4,096-token vocabulary and a byte-level BPE tokenizer trained on the prompts. The prompts are GSM8K's train split
+when `$MINDGRPO_GSM8K` names its train.jsonl (or the shared reference folder beside the clone holds it), else the
+embedded demo's GSM8K-format one-digit problems (shorter prompts): each JSON line says which (`prompts`).
 
 Length mix (`--length-mix`, see tools/length_mix.py). Both frameworks load the same untied copy of the model whose
 only edit is the EOS row of `lm_head`, and sample as they normally do:
@@ -20,13 +23,14 @@ only edit is the EOS row of `lm_head`, and sample as they normally do:
              before 1,024)
     ragged   long-tailed lengths, calibrated per (size, limit): median about a quarter of the limit, the top 10 %
              at the limit, as R1-Zero style runs sample them
-Both stop on <|im_end|> (4095) only. Copies are cached in `--model-cache`, so only the first run calibrates.
+Both stop on <|im_end|> only. Copies are cached in `--model-cache`, so only the first run calibrates.
 
 Each run is its own process (so peak RSS is its own). A mindgrpo run first compiles every graph its steps will need
 (`GRPOTrainer.precompile`: every prompt width its batches reach), then runs `--steps` steps; the first `--warmup` are
 excluded and the rest give the median. It prints one JSON line per run:
 
     sec_per_step     median wall time of a counted step (rollout, scoring, reference, update, weight sync, logging)
+    phase_seconds    mean seconds per counted step of each phase: rollout, reference, update, other
     tokens_per_sec   median over counted steps of (real prompt + completion tokens of the 32 rows) / step time,
                      counted as the peer counts them (each prompt once per completion; completions up to and
                      including their EOS)
@@ -42,13 +46,15 @@ excluded and the rest give the median. It prints one JSON line per run:
                      forward and training step: each prompt once per group, the vocabulary projected at completion
                      positions only; backward = 2 x forward), attention included, padding and finished rows excluded
     mfu_phases       the same per phase (rollout / reference / update)
+    cpu              the CPU model and logical CPU count; `prompts`: where the prompts came from
 
-With `--vs-trl PYTHON` (the interpreter of a venv set up as the peer's docstring says) the peer runs too, on the
-same model copy with `--max-completion-length` set to the limit, mindgrpo and TRL alternating (`--repeats` each),
-and a last JSON line per size gives mindgrpo / TRL for every figure and the target of that setting.
+With `--vs-trl PYTHON` (TRL's interpreter: `bash tools/make_trl_venv.sh trlenv` makes one) the peer runs too
+(tools/trl_peer.py, whose JSON line has the same figures and phase shares), on the same model copy and prompts,
+mindgrpo and TRL alternating (`--repeats` each); a last JSON line per size gives mindgrpo / TRL for every figure and
+the target of that setting, and a plain line the phase breakdown of both per step.
 
     python tools/bench_grpo.py [--sizes tiny small] [--max-new-tokens 64] [--length-mix full] [--steps 10]
-                               [--warmup 2] [--vs-trl /path/to/venv/bin/python]
+                               [--warmup 2] [--vs-trl trlenv/bin/python]
 
 tools/bench_scaling.py runs the whole grid (sizes x lengths x mixes) and writes the table and plot.
 `--decode-impl plain` runs the rollout on the plain-ops decode graph instead of the fused CPU kernels, and
@@ -57,9 +63,6 @@ tools/bench_scaling.py runs the whole grid (sizes x lengths x mixes) and writes 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib.util
-import io
 import json
 import os
 import statistics
@@ -70,17 +73,16 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from benchlib import (FIXTURE, GSM8K_TRAIN, PEER, OthersCpu, matmul_peak_gflops, peak_rss_mib, small_model,
+from benchlib import (ASSETS_CACHE, OthersCpu, bench_assets, cpu_model, matmul_peak_gflops, peak_rss_mib,
                       wait_until_idle)
 from length_mix import length_stats, model_for
 
 PROMPTS, GENERATIONS, NEW_TOKENS = 4, 8, 64
-MAX_PROMPT_LENGTH = 256  # 3 of 7,473 prompts are longer
+MAX_PROMPT_LENGTH = 256  # 3 of GSM8K's 7,473 train prompts are longer
 MICRO_BATCH = 2 * GENERATIONS  # two groups per training micro-batch (see the module docstring)
 PROMPT_BUCKET = 64
 PACKED_ROWS = 8  # packed training rows of `--max-new-tokens` per forward (0: padded micro-batches) ...
 PACKED_TOKENS = 4096  # ... holding at most this many tokens (4 rows at 1,024: the forwards' memory stays level)
-MODEL_CACHE = Path(tempfile.gettempdir()) / "mindgrpo_bench_models"
 
 
 def target(size: str, new_tokens: int, mix: str) -> float:
@@ -101,7 +103,7 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
 
     config = GRPOConfig()
     rl = config.rl_config
-    rl.dataset_file, rl.tokenizer_dir, rl.output_dir = str(dataset), str(FIXTURE), str(out_dir)
+    rl.dataset_file, rl.tokenizer_dir, rl.output_dir = str(dataset), str(model_dir), str(out_dir)
     rl.mode, rl.max_steps, rl.seed = "graph", steps, 0
     rl.batch_size, rl.num_generations, rl.num_iterations = PROMPTS, GENERATIONS, 1
     rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + new_tokens
@@ -125,14 +127,30 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     return validate(config)
 
 
-def convert_gsm8k(out: Path) -> Path:
-    """GSM8K train as a mindgrpo prompt MindRecord with the peer's prompt (about 1.5 s)."""
+def convert_prompts(prompts: Path, tokenizer_dir: Path, out: Path) -> Path:
+    """The prompt rows as a mindgrpo prompt MindRecord with the `gsm8k_hash` template (about 1.5 s for GSM8K)."""
     from mindgrpo.data import convert_dataset
     from mindgrpo.data.tokenizer import load_tokenizer
 
     if not out.exists():
-        convert_dataset(GSM8K_TRAIN, out, load_tokenizer(FIXTURE), dataset_type="gsm8k", prompt_template="gsm8k_hash",
-                        max_prompt_length=MAX_PROMPT_LENGTH, progress=False)
+        convert_dataset(prompts, out, load_tokenizer(tokenizer_dir), dataset_type="gsm8k",
+                        prompt_template="gsm8k_hash", max_prompt_length=MAX_PROMPT_LENGTH, progress=False)
+    return out
+
+
+def peer_prompts(prompts: Path, out: Path) -> Path:
+    """The same rows for the TRL peer: each prompt rendered with mindgrpo's `gsm8k_hash` template, and its gold
+    number, so both frameworks tokenize the same text."""
+    import mindgrpo  # noqa: F401  (quiet logging)
+    from mindgrpo.data import render_prompt
+
+    if not out.exists():
+        rows = [json.loads(line) for line in prompts.read_text(encoding="utf-8").splitlines() if line.strip()]
+        text = "".join(json.dumps({"prompt": render_prompt("gsm8k_hash", r["question"]),
+                                   "gold": r["answer"].split("####")[-1].strip()}) + "\n" for r in rows)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
     return out
 
 
@@ -167,7 +185,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     if args.threads:
         ms.device_context.cpu.op_tuning.threads_num(args.threads)
     peak = matmul_peak_gflops()
-    config = bench_config(model_dir, convert_gsm8k(work / "gsm8k_train.mindrecord"), work / f"run_{size}",
+    dataset = convert_prompts(Path(args.prompts), model_dir, work / f"prompts_{model_dir.name}.mindrecord")
+    config = bench_config(model_dir, dataset, work / f"run_{size}",
                           args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
                           args.decode_impl, args.max_new_tokens, args.packed_rows)
     start = time.perf_counter()
@@ -207,59 +226,16 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         "mean_tokens_per_step": statistics.mean(s["tokens"] for s in counted),
         **{f"share_{phase}": round(t / total, 4) for phase, t in phase_s.items()},
         "share_other": round(1 - sum(phase_s.values()) / total, 4),
+        "phase_seconds": {**{phase: round(t / len(counted), 4) for phase, t in phase_s.items()},
+                          "other": round((total - sum(phase_s.values())) / len(counted), 4)},
         "peak_rss_mib": peak_rss_mib(), "recompiles_after_warmup": recompiles,
         "lengths": length_stats([n for s in counted for n in s["lengths"]], args.max_new_tokens),
         "eos_ids": [trainer.tokenizer.eos_token_id],
         "matmul_peak_gflops": gflops,
         "mfu": round(sum(flops.values()) / total / 1e9 / gflops, 4),
         "mfu_phases": {phase: round(flops[phase] / phase_s[phase] / 1e9 / gflops, 4) for phase in phase_s},
+        "cpu": cpu_model(), "prompts": args.prompts_source,
     }
-
-
-# ----------------------------------------------------------------------------------------------- TRL run
-class _Tee(io.StringIO):
-    """Keeps what is printed and passes it on."""
-
-    def __init__(self, out):
-        super().__init__()
-        self.out = out
-
-    def write(self, text: str) -> int:
-        self.out.write(text)
-        return super().write(text)
-
-
-def run_trl(peer_args: List[str]) -> Dict:
-    """The peer benchmark in this (TRL) interpreter, unchanged, plus the completion lengths and EOS ids it used."""
-    spec = importlib.util.spec_from_file_location("trl_grpo_bench", PEER)
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
-    lengths: List[List[int]] = []
-    eos: List[int] = []
-    instrument = peer.instrument
-
-    def instrument_and_record(trainer, timer):
-        instrument(trainer, timer)
-        build = trainer._generate_and_score_completions
-        eos.extend(trainer.eos_token_ids)
-
-        def build_and_record(*a, **k):  # one call per optimizer step (one generation batch per step)
-            batch = build(*a, **k)
-            lengths.append(batch["completion_mask"].sum(1).tolist())
-            return batch
-
-        trainer._generate_and_score_completions = build_and_record
-
-    peer.instrument = instrument_and_record
-    sys.argv = [str(PEER), *peer_args]
-    printed = _Tee(sys.stdout)
-    with contextlib.redirect_stdout(printed):
-        peer.main()
-    result = json.loads([line for line in printed.getvalue().splitlines() if line.startswith("{\"")][-1])
-    limit = int(peer_args[peer_args.index("--max-completion-length") + 1])
-    counted = lengths[result["steps"] - result["counted_steps"]:]
-    return {**result, "max_new_tokens": limit, "lengths": length_stats([n for s in counted for n in s], limit),
-            "eos_ids": eos}
 
 
 # ----------------------------------------------------------------------------------------------- driver
@@ -281,30 +257,51 @@ def ratios(ours: Dict, peer: Dict) -> Dict:
 
 
 def summary(runs: List[Dict]) -> Dict:
-    """Median over repeated runs of the figures compared."""
-    return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0].get(k), (int, float)) else runs[0].get(k)
-            for k in runs[0]}
+    """Median over repeated runs of the figures compared (numbers, and the numbers of `phase_seconds`)."""
+    def median(key: str):
+        first = runs[0].get(key)
+        if isinstance(first, (int, float)) and not isinstance(first, bool):
+            return statistics.median(r[key] for r in runs)
+        if key == "phase_seconds" and first:
+            return {phase: statistics.median(r[key][phase] for r in runs) for phase in first}
+        return first
+    return {k: median(k) for k in runs[0]}
 
 
 def setting_model(size: str, mix: str, new_tokens: int, cache: Path) -> Path:
     """The model copy both frameworks load for this setting (calibrated on first use, then cached)."""
-    source = FIXTURE if size == "tiny" else small_model(cache / "small-source")
-    return model_for(source, FIXTURE, GSM8K_TRAIN, mix, new_tokens, cache, name=size)
+    assets = bench_assets(cache)
+    return model_for(assets.model(size), assets.tokenizer_dir, assets.prompts, mix, new_tokens, cache,
+                     name=f"{assets.root.name}-{size}")
+
+
+def phase_line(size: str, new_tokens: int, mix: str, ours: Dict, peer: Optional[Dict]) -> str:
+    """Where a step goes in each framework, in seconds per step: rollout + reference + update (+ other)."""
+    def phases(result: Dict) -> str:
+        shares = {k: result.get(f"share_{k}") for k in ("rollout", "reference", "update", "other")}
+        step = result["sec_per_step"]
+        return f"{step:.2f} s/step = " + " + ".join(f"{k} {share * step:.2f}" for k, share in shares.items()
+                                                    if share is not None)
+    line = f"{size} {new_tokens} {mix}: mindgrpo {phases(ours)}"
+    return line + (f"; TRL {phases(peer)}" if peer else "") + f" [{ours.get('cpu', 'unknown CPU')}]"
 
 
 def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work: Path,
             trl_first: bool = False, log=print) -> Dict:
     """Run one setting (mindgrpo, and TRL with --vs-trl, alternating): {"runs": {...}, "comparison": ...}."""
     model_dir = setting_model(size, mix, new_tokens, Path(args.model_cache))
+    assets = bench_assets(Path(args.model_cache))
     ours_cmd = [sys.executable, __file__, "--worker", size, "--model-dir", str(model_dir), "--work-dir", str(work),
+                "--prompts", str(assets.prompts), "--prompts-source", assets.source,
                 "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-new-tokens", str(new_tokens),
                 "--length-mix", mix, "--micro-batch", str(args.micro_batch), "--prompt-bucket",
                 str(args.prompt_bucket), "--decode-impl", args.decode_impl, "--packed-rows", str(args.packed_rows)]
     ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
     ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
     peer_cmd = None
-    if args.vs_trl:  # --size tiny: the peer loads --model as it is (its --size small would build its own model)
-        peer_cmd = [args.vs_trl, __file__, "--trl-worker", "--model", str(model_dir), "--size", "tiny",
+    if args.vs_trl:
+        peer_cmd = [args.vs_trl, str(Path(__file__).with_name("trl_peer.py")), "--model", str(model_dir),
+                    "--prompts", str(peer_prompts(assets.prompts, work / f"peer_{assets.root.name}.jsonl")),
                     "--max-completion-length", str(new_tokens), "--steps", str(args.steps),
                     "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
     runs: Dict[str, List[Dict]] = {"mindgrpo": [], "trl": []}
@@ -336,16 +333,21 @@ def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work
         comparison["targets_met"] = (comparison["tokens_per_sec_ratio"] >= comparison["target_tokens_per_sec_ratio"]
                                      and comparison["peak_rss_mib_ratio"] <= 1.0)
         log(json.dumps(comparison))
+    if runs["mindgrpo"]:
+        log(phase_line(size, new_tokens, mix, summary(runs["mindgrpo"]), summary(runs["trl"]) if runs["trl"] else None))
     return {"runs": runs, "comparison": comparison}
 
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options shared with tools/bench_scaling.py."""
-    parser.add_argument("--vs-trl", metavar="PYTHON", help="interpreter of a venv with torch and trl (see the peer)")
+    parser.add_argument("--vs-trl", metavar="PYTHON",
+                        help="TRL's interpreter, to run the peer (tools/trl_peer.py) too: "
+                             "`bash tools/make_trl_venv.sh trlenv` makes one, then pass trlenv/bin/python")
     parser.add_argument("--repeats", type=int, default=1, help="alternating runs per framework with --vs-trl")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both frameworks")
-    parser.add_argument("--model-cache", default=str(MODEL_CACHE),
-                        help="folder of the calibrated model copies, reused by later runs (default: %(default)s)")
+    parser.add_argument("--model-cache", default=str(ASSETS_CACHE),
+                        help="folder of the benchmark models, tokenizer and prompts and of the calibrated model "
+                             "copies, reused by later runs (default: %(default)s)")
     parser.add_argument("--idle-wait", type=float, default=0, metavar="MINUTES",
                         help="on a shared machine: before each process, wait up to this long for the CPUs to be "
                              "at most --idle-below busy (default 0: do not wait)")
@@ -364,17 +366,22 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
 
 
 def check_inputs(vs_trl: Optional[str]) -> bool:
-    for needed in (FIXTURE, GSM8K_TRAIN) + ((PEER,) if vs_trl else ()):
-        if not needed.exists():
-            print(f"error: {needed} not found (set MINDGRPO_SHARED to the shared reference folder)", file=sys.stderr)
-            return False
+    """TRL's interpreter, when asked for, runs and imports trl (one clear line otherwise)."""
+    if not vs_trl:
+        return True
+    try:
+        done = subprocess.run([vs_trl, "-c", "import trl"], capture_output=True, text=True, timeout=600)
+    except OSError as err:
+        done = subprocess.CompletedProcess([], 1, "", str(err))
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["?"])[-1]
+        print(f"error: --vs-trl {vs_trl}: cannot import trl ({last}); make TRL's interpreter with "
+              "`bash tools/make_trl_venv.sh trlenv` and pass --vs-trl trlenv/bin/python", file=sys.stderr)
+        return False
     return True
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["--trl-worker"]:  # run by the TRL venv's interpreter: everything after is the peer's
-        print(json.dumps(run_trl(sys.argv[2:])), flush=True)
-        return 0
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--max-new-tokens", type=int, default=NEW_TOKENS, help="completion limit (default 64)")
@@ -386,11 +393,15 @@ def main() -> int:
     parser.add_argument("--worker", choices=["tiny", "small"], help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--prompts", help=argparse.SUPPRESS)
+    parser.add_argument("--prompts-source", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.max_new_tokens < 4:
         parser.error(f"--max-new-tokens must be at least 4 (ragged lengths have a median of a quarter of it), "
                      f"got {args.max_new_tokens}")
     if args.worker:
+        if not (args.model_dir and args.work_dir and args.prompts):
+            parser.error("--worker needs --model-dir, --work-dir and --prompts (the driver passes them)")
         print(json.dumps(run_mindgrpo(args.worker, Path(args.model_dir), Path(args.work_dir), args)), flush=True)
         return 0
     if not check_inputs(args.vs_trl):

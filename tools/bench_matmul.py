@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Matmul micro-benchmark: the `small` model's training products, per layout, in MindSpore, torch, numpy and oneDNN.
+"""Matmul micro-benchmark: the `small` model's products in every phase of a GRPO step, per layout, in MindSpore,
+torch, numpy and oneDNN.
 
 The reference forward and the training step of `small` (hidden 512, 8 layers, 2 KV heads, intermediate 1408, vocabulary
 4,096; `tools/benchlib.py::SMALL`) multiply every weight as ``x [rows, in] @ W[out, in]^T`` (``MatMul(transpose_b)``
@@ -13,7 +14,13 @@ completions, prompts padded to ``--prompt-width``, reference rows ``4 P + 32 T``
     WxT   feature-major activations: yT = W xT (NN), dxT = W^T dyT (TN), dW = dyT xT^T (NT)
 
 and for the fused products a layer could use instead of separate ones: q|k|v as one [768, 512] weight and gate|up
-as one [2816, 512] weight.
+as one [2816, 512] weight. The rollout's products are forward only: the prefill in the layout it runs, row-major
+like the reference (``xWt``: the 4 padded prompts' rows, the vocabulary at each prompt's last token), and a decode
+step in every layout (the engine runs ``WxT``, feature-major: ``W[out, in] @ xT[in, B]``, ``FusedDecodeGraph``),
+B = `--decode-rows` live rows (32: the whole batch; compaction makes it 8 or 16 as rows finish; more rows per step is
+what decoding more prompts at once, `rl_config.steps_per_generation`, gives). Decoding a token is thin products
+(B = 32 against 512-2,816 features): a kernel that runs them far below its large-matrix rate makes the rollout slow,
+as MindSpore 2.9's CPU MatMul did on an Intel Xeon.
 
 Backends, all timed in one process and interleaved (each round runs every case on every backend back to back; rounds
 are repeated and medians taken), so that a background load shifts all of them alike:
@@ -32,7 +39,8 @@ and a last block sums each layout over the layer's matmuls per phase (reference:
 dx and dW), as time per phase and GFLOP/s.
 
     python tools/bench_matmul.py [--tokens 64 512] [--rounds 5] [--backends ms-graph ms-pynative torch numpy onednn-1t]
-                                 [--json out.json]
+                                 [--decode-rows 8 32 128] [--json out.json]
+    python tools/bench_matmul.py --backends ms-graph torch --rounds 3      # the step's shapes, MindSpore vs torch
 
 (64 tokens, all backends, 5 rounds: about 4 minutes on 2 cores; 512 tokens with ms-graph, onednn-1t and numpy,
 3 rounds: about 6 minutes.)
@@ -59,10 +67,13 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchlib import REPO, SMALL  # noqa: E402
+from benchlib import REPO, SMALL, cpu_model  # noqa: E402
 
 PROMPTS, GENERATIONS, MICRO_GROUPS = 4, 8, 2  # tools/bench_grpo.py: 4 x 8 per step, micro-batches of 2 groups
 LAYOUTS = ("xWt", "xW", "WxT")
+# The layout each phase runs today (qwen2_blocks.py: `_linear_rows` in the prefill and the training forwards, the
+# feature-major fused decode step); the rollout's phases are timed in that layout only, forward only.
+STEP_LAYOUT = {"prefill": "xWt", "decode": "WxT", "reference": "xWt", "update": "xWt"}
 PEAK = "peak 1024^3 NN"
 # role -> (operand a is transposed, operand b is transposed) and (m, k, n) in terms of rows r, in i, out o
 ROLES = {
@@ -102,27 +113,34 @@ def linears(cfg: dict) -> Dict[str, Tuple[int, int, int]]:
             "lm_head": (cfg["vocab_size"], h, 0), "qkv": (h + 2 * kv, h, 0), "gate_up": (2 * i, h, 0)}
 
 
-def phase_rows(tokens: int, prompt_width: int) -> Dict[str, Tuple[int, int]]:
-    """phase -> (decoder rows, vocabulary rows): shared-prompt forward over all 32 rows (reference) or one
-    micro-batch of two groups (update); the vocabulary is projected at completion positions only."""
+def phase_rows(tokens: int, prompt_width: int, decode_rows: Tuple[int, ...] = (PROMPTS * GENERATIONS,)
+               ) -> Dict[str, Tuple[int, int]]:
+    """phase -> (decoder rows, vocabulary rows): the prefill (each padded prompt once, the vocabulary at its last
+    token), a decode step of B live rows (`decode` for the whole batch, `decode B` for others), the shared-prompt
+    forward over all 32 rows (reference) or one micro-batch of two groups (update); the training forwards project
+    the vocabulary at completion positions only."""
     ref_groups, upd_groups = PROMPTS, MICRO_GROUPS
-    return {"reference": (ref_groups * prompt_width + ref_groups * GENERATIONS * tokens,
+    decode = {("decode" if b == PROMPTS * GENERATIONS else f"decode {b}"): (b, b) for b in decode_rows}
+    return {"prefill": (PROMPTS * prompt_width, PROMPTS), **decode,
+            "reference": (ref_groups * prompt_width + ref_groups * GENERATIONS * tokens,
                           ref_groups * GENERATIONS * tokens),
             "update": (upd_groups * prompt_width + upd_groups * GENERATIONS * tokens,
                        upd_groups * GENERATIONS * tokens)}
 
 
-def model_cases(tokens: int, prompt_width: int, cfg: dict = SMALL, only: Optional[List[str]] = None) -> List[Case]:
-    """Every distinct product of the two phases, per layout (the reference phase has no backward)."""
+def model_cases(tokens: int, prompt_width: int, cfg: dict = SMALL, only: Optional[List[str]] = None,
+                decode_rows: Tuple[int, ...] = (PROMPTS * GENERATIONS,)) -> List[Case]:
+    """Every distinct product of the phases, per layout: the update's forward, dx and dW, the other phases'
+    forward; the prefill in the layout it runs only (it is the reference forward's layout on fewer rows)."""
     cases = []
-    for phase, (rows, vocab_rows) in phase_rows(tokens, prompt_width).items():
+    for phase, (rows, vocab_rows) in phase_rows(tokens, prompt_width, decode_rows).items():
         for name, (out, inp, _) in linears(cfg).items():
             if only and name not in only:
                 continue
             r = vocab_rows if name == "lm_head" else rows
-            for layout in LAYOUTS:
+            for layout in ((STEP_LAYOUT[phase],) if phase == "prefill" else LAYOUTS):
                 for role, (trans, order) in ROLES[layout].items():
-                    if phase == "reference" and role != "fwd":
+                    if phase != "update" and role != "fwd":
                         continue
                     dims = {"r": r, "i": inp, "o": out}
                     m, k, n = (dims[c] for c in order.split())
@@ -131,12 +149,12 @@ def model_cases(tokens: int, prompt_width: int, cfg: dict = SMALL, only: Optiona
 
 
 def phase_totals(cases: List[Case], seconds: Dict[Case, float], cfg: dict = SMALL) -> List[dict]:
-    """Time of one step's weight products per phase (layers x uses per layer, plus lm_head; the update runs
-    ``PROMPTS // MICRO_GROUPS`` micro-batches) per layout and fusion choice."""
+    """Time of the weight products per phase (layers x uses per layer, plus lm_head; the update runs
+    ``PROMPTS // MICRO_GROUPS`` micro-batches; a decode phase is one decoding step) per layout and fusion choice."""
     uses = {name: u for name, (_, _, u) in linears(cfg).items()}
     layers = cfg["num_hidden_layers"]
     out = []
-    for phase in ("reference", "update"):
+    for phase in dict.fromkeys(c.phase for c in cases):
         micro_batches = PROMPTS // MICRO_GROUPS if phase == "update" else 1
         for layout in LAYOUTS:
             for fused in (False, True):
@@ -359,6 +377,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--ms-threads", type=int, help="ms.device_context.cpu.op_tuning.threads_num (set first)")
     parser.add_argument("--cpu-affinity", action="store_true", help="ms.runtime.set_cpu_affinity(True)")
     parser.add_argument("--linears", nargs="+", choices=list(linears(SMALL)), help="only these products")
+    parser.add_argument("--phases", nargs="+", choices=list(STEP_LAYOUT), help="only these phases")
+    parser.add_argument("--decode-rows", type=int, nargs="+", default=[PROMPTS * GENERATIONS],
+                        help="live rows B of the decode steps timed (default: the batch, 32)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
     args = parser.parse_args(argv)
     import mindgrpo  # noqa: F401  (quiet logging before MindSpore loads)
@@ -370,7 +391,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if args.cpu_affinity:
             ms.runtime.set_cpu_affinity(True)
 
-    print(f"CPU: {cpu_model()}; {os.cpu_count()} logical CPUs; load average {os.getloadavg()[0]:.2f}")
+    print(f"CPU: {cpu_model()}; load average {os.getloadavg()[0]:.2f}")
     print("MindSpore's MatMul kernel path (ONEDNN_VERBOSE):\n" + kernel_path())
     factories = {"ms-graph": lambda: mindspore_backend(graph=True), "ms-pynative": lambda: mindspore_backend(False),
                  "torch": lambda: torch_backend(args.torch_threads), "numpy": numpy_backend,
@@ -378,8 +399,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     backends = {name: factories[name]() for name in args.backends}
     report = {"cpu": cpu_model(), "runs": []}
     for tokens in args.tokens:
-        cases = model_cases(tokens, args.prompt_width, only=args.linears)
-        rows = phase_rows(tokens, args.prompt_width)
+        decode_rows = tuple(args.decode_rows)
+        cases = [c for c in model_cases(tokens, args.prompt_width, only=args.linears, decode_rows=decode_rows)
+                 if not args.phases or c.phase.split()[0] in args.phases]
+        rows = phase_rows(tokens, args.prompt_width, decode_rows)
         print(f"\n== {tokens} new tokens, prompt width {args.prompt_width}: (decoder, vocabulary) rows {rows}")
         summary = time_cases(backends, cases, args.rounds, args.block_gflop)
         print(f"{'backend':11s} {'phase':9s} {'linear':7s} {'lay':4s} {'role':3s} tr shape"
@@ -396,6 +419,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             for row in totals[name]:
                 print(f"{name:11s} {row['phase']:9s} {row['layout']:4s} fused={str(row['fused_qkv_gate_up']):5s} "
                       f"{row['seconds']:8.3f} s {row['gflops']:7.1f} GF/s")
+        print_step_products(summary, cases)
         print(f"threads of this process: {thread_names()}")
         report["runs"].append({"tokens": tokens, "prompt_width": args.prompt_width, "cases": [
             {"backend": name, **asdict(case), **{k: v for k, v in s.items() if k != "seconds"}}
@@ -405,6 +429,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         tmp.write_text(json.dumps(report, indent=1))
         tmp.replace(args.json)
     return 0
+
+
+def print_step_products(summary: Dict[str, Dict[Case, dict]], cases: List[Case]) -> None:
+    """The products a GRPO step runs (each phase in its STEP_LAYOUT), one line each, every backend's median GFLOP/s
+    side by side: where MindSpore's kernel falls behind torch's on this CPU, and at which shapes."""
+    names = list(summary)
+    print("\nthe step's products (prefill and decode: the rollout; update: forward, dx, dW), median GFLOP/s:")
+    print(f"{'phase':9s} {'linear':7s} {'role':4s} {'[m, k] @ [k, n]':22s} " + " ".join(f"{n:>11s}" for n in names))
+    for case in cases:
+        if case.layout != STEP_LAYOUT[case.phase.split()[0]]:
+            continue
+        shape = f"[{case.m}, {case.k}] @ [{case.k}, {case.n}]"
+        print(f"{case.phase:9s} {case.linear:7s} {case.role:4s} {shape:22s} "
+              + " ".join(f"{summary[n][case]['gflops']:11.1f}" for n in names))
 
 
 def thread_names() -> Dict[str, int]:
@@ -417,16 +455,6 @@ def thread_names() -> Dict[str, int]:
             continue
         names[name] = names.get(name, 0) + 1
     return names
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 if __name__ == "__main__":

@@ -5,17 +5,17 @@ Backends: ``native`` (the KV-cache engine on its fused CPU decode kernels), ``na
 the plain-ops decode graph, ``generate_config.decode_impl: plain``), ``native-nocompact`` (``native`` decoding every
 row of a batch until its last one ends, the engine's ``compact=False``), ``mindformers`` and Hugging Face ``hf``.
 
-Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts when ../shared has the data and
-the fixture tokenizer, random ids otherwise) x 8 samples = 32 sequences x 64 new tokens, temperature 1. Length
-mix ``full`` (default): ``min_tokens = max_tokens``, so every backend generates exactly the same number of tokens.
-``ragged``: long-tailed lengths as in R1-Zero-style runs. The random models' next-token distributions are near
-uniform (8.2 nats of entropy out of ln 4096 = 8.3), so ``K`` stop ids (passed as extra EOS ids to Hugging Face) end
-a completion with probability about ``K / vocab`` per step: ``K = vocab * ln(10) / max_tokens`` makes the lengths
-about geometric, 10 % of them at the limit and the median near 0.3 x the limit (the rows' distributions differ, so
-the tail comes out somewhat heavier); the sampled lengths are printed.
-Models: the tiny fixture (../shared/fixtures/tiny-qwen2.5) and a random Qwen2 `small` (hidden 512, 8 layers, 8
-heads, 2 KV heads, intermediate 1408, vocab 4096, as in ../shared/peer/trl_grpo_bench.py), written once as a
-Hugging Face folder so every framework loads the same weights.
+Workload (GRPO's): 4 GSM8K-like prompts (100-200 tokens; real GSM8K prompts, tokenized by the benchmarks' tokenizer
+(`benchlib.bench_assets`), when `$MINDGRPO_GSM8K` names GSM8K's train.jsonl, random ids otherwise) x 8 samples = 32
+sequences x 64 new tokens, temperature 1. Length mix ``full`` (default): ``min_tokens = max_tokens``, so every
+backend generates exactly the same number of tokens. ``ragged``: long-tailed lengths as in R1-Zero-style runs. The
+random models' next-token distributions are near uniform (8.2 nats of entropy out of ln 4096 = 8.3), so ``K`` stop
+ids (passed as extra EOS ids to Hugging Face) end a completion with probability about ``K / vocab`` per step: ``K =
+vocab * ln(10) / max_tokens`` makes the lengths about geometric, 10 % of them at the limit and the median near 0.3 x
+the limit (the rows' distributions differ, so the tail comes out somewhat heavier); the sampled lengths are printed.
+Models: random Qwen2s, tiny (hidden 128, 4 layers, 4 heads, 2 KV heads, intermediate 352) and `small` (hidden 512,
+8 layers, 8 heads, 2 KV heads, intermediate 1408), vocab 4096 (`benchlib.TINY`, `benchlib.SMALL`), each written
+once as a Hugging Face folder so every framework loads the same weights.
 
 Each (model, backend) runs in its own process, so the peak RSS column is that backend's alone. The first call
 (graph compilation, HF warm-up) is reported separately; then the backends' timed rollouts are interleaved, so on
@@ -47,8 +47,8 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from benchlib import EOS, FIXTURE, PAD, copy_bandwidth, matmul_peak_gflops, peak_rss_mib, write_small_model
-from benchlib import GSM8K_TRAIN as GSM8K
+from benchlib import (EOS, PAD, SIZES, bench_assets, copy_bandwidth, gsm8k_source, matmul_peak_gflops, peak_rss_mib,
+                      write_model)
 
 TARGET_NATIVE_OVER_HF = 2.0
 BACKENDS = ["native", "native-plain", "native-nocompact", "mindformers", "hf"]
@@ -63,8 +63,11 @@ def gsm8k_prompts(count: int, low: int, high: int, seed: int) -> List[List[int]]
         from mindgrpo.data import read_gsm8k, render_prompt
         from mindgrpo.data.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(FIXTURE)
-        encoded = (tokenizer.encode(render_prompt("gsm8k_hash", row.question)) for row in read_gsm8k(GSM8K))
+        if gsm8k_source() is None:
+            raise FileNotFoundError("no GSM8K train.jsonl ($MINDGRPO_GSM8K)")
+        assets = bench_assets()  # its tokenizer has GSM8K's specials at PAD and EOS, as the models here
+        tokenizer = load_tokenizer(assets.tokenizer_dir)
+        encoded = (tokenizer.encode(render_prompt("gsm8k_hash", row.question)) for row in read_gsm8k(assets.prompts))
         prompts = list(itertools.islice((p for p in encoded if low <= len(p) <= high), count))
         if len(prompts) == count:
             return prompts
@@ -343,10 +346,7 @@ def main() -> int:
               f"threads: {args.threads or 'framework defaults'}, load average {os.getloadavg()[0]:.1f}")
         failed = False
         for size in args.sizes:
-            if size == "tiny" and not FIXTURE.exists():
-                print(f"tiny: fixture {FIXTURE} not found, skipped")
-                continue
-            model_dir = FIXTURE if size == "tiny" else write_small_model(Path(tmp) / "small")
+            model_dir = write_model(Path(tmp) / size, SIZES[size])
             results = measure(backends, model_dir, prompts_file, args)
             failed |= len(results) != len(backends)
             print(f"\n{size}:")

@@ -1,20 +1,25 @@
 #!/usr/bin/env python
 """The scaling table: mindgrpo against TRL from 64 to 1,024 new tokens, full and ragged lengths, in one command.
 
-    python tools/bench_scaling.py --vs-trl /path/to/trlenv/bin/python        # about 50 minutes on 2 cores
+    bash tools/make_trl_venv.sh trlenv                    # TRL's interpreter, once
+    python tools/bench_scaling.py --vs-trl trlenv/bin/python --idle-wait 20    # 1-2 hours on 2 cores
+    python tools/bench_scaling.py --sizes tiny --mixes full --new-tokens 64 --steps 1 0 --repeats 1 --smoke \
+        --vs-trl trlenv/bin/python --out output/scaling_smoke                  # does everything run? (minutes)
 
 Grid: tiny at 64, 256, 512 and 1,024 new tokens and `small` at 64, 256 and 512, each with every completion at the
 limit (`full`) and with long-tailed lengths (`ragged`: median about a quarter of the limit, the top 10 % at it);
 see tools/bench_grpo.py for the settings and tools/length_mix.py for the model copies (calibrated on first use,
-then cached in `--model-cache`). Each setting runs one mindgrpo and one TRL process (`--repeats` each), alternating
-which goes first from setting to setting; `STEPS` gives each setting's steps and warm-up steps, fewer at the longer
-lengths, so the grid fits in an hour on this 2-core machine. On a machine shared with other work, `--idle-wait 20`
+then cached in `--model-cache`). Each setting runs `--repeats` (default 2) mindgrpo and TRL processes, alternating
+(mindgrpo, TRL, TRL, mindgrpo, ...; which goes first alternates from setting to setting), and the table gives the
+median over the repeats; `STEPS` gives each setting's steps: one or two warm-up steps, then 4 counted steps (at
+least 4 is the rule: `--steps` refuses fewer). On a machine shared with other work, `--idle-wait 20`
 makes each process wait (up to 20 minutes) until the CPUs are idle: TRL's OpenMP threads slow down many times over
 when other processes compete for the cores, far more than mindgrpo's, so a table measured under load overstates
 the ratios. The table shows the share of the CPUs that other processes used during each run.
 
 Outputs, in `--out` (default docs/scaling):
-    scaling.md    the table below, with the machine, its load and the command
+    scaling.md    the table below, with the CPU model, its load, the commit measured and the command (paths
+                  outside the clone replaced by placeholders, so the files can be committed)
     scaling.json  every run's JSON line and every comparison, per setting, with its wall time
     scaling.png   tokens/s against new tokens, one panel per size: both frameworks, full (solid) and ragged (dashed)
 
@@ -29,7 +34,6 @@ import argparse
 import copy
 import json
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -39,13 +43,16 @@ from pathlib import Path
 from typing import Dict, List
 
 import bench_grpo
-from benchlib import REPO
+from benchlib import REPO, bench_assets, cpu_model
 
 GRID = [("tiny", 64), ("tiny", 256), ("tiny", 512), ("tiny", 1024), ("small", 64), ("small", 256), ("small", 512)]
 MIXES = ("full", "ragged")
-# (steps, warm-up steps) per (size, new tokens): one warm-up step, then as many counted steps as the budget allows.
-STEPS = {("tiny", 64): (6, 2), ("tiny", 256): (4, 1), ("tiny", 512): (3, 1), ("tiny", 1024): (3, 1),
-         ("small", 64): (4, 1), ("small", 256): (3, 1), ("small", 512): (3, 1)}
+# (steps, warm-up steps) per (size, new tokens): 4 counted steps after the warm-up (two at 64 tokens, where the
+# first steps are the noisiest part of a short run).
+MIN_COUNTED = 4
+STEPS = {("tiny", 64): (6, 2), ("tiny", 256): (5, 1), ("tiny", 512): (5, 1), ("tiny", 1024): (5, 1),
+         ("small", 64): (6, 2), ("small", 256): (5, 1), ("small", 512): (5, 1)}
+REPEATS = 2  # alternating processes per framework and setting
 DEFAULT_OUT = REPO / "docs" / "scaling"
 
 
@@ -121,11 +128,17 @@ def _process_minutes(report: Dict) -> float:
     return sum(r.get("process_s", 0) for s in report["settings"] for runs in s["runs"].values() for r in runs) / 60
 
 
+def _trl_versions(report: Dict) -> str:
+    versions = next((r["versions"] for s in report["settings"] for r in s["runs"]["trl"] if r.get("versions")), None)
+    return ", ".join(f"{k} {v}" for k, v in versions.items()) if versions else "-"
+
+
 def markdown(report: Dict) -> str:
     lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(report["settings"])]
     notes = [f"Command: `{report['command']}`; code: {report.get('code', 'unknown')}"
              + (f"; {report['note']}" if report.get("note") else ""),
+             f"Prompts: {report.get('prompts', 'GSM8K train')}; TRL: {_trl_versions(report)}",
              f"Machine: {report['machine']}; load before / after: "
              f"{report['load_before']} / {report.get('load_after', '-')}; "
              f"{report.get('seconds', 0) / 60:.0f} minutes, of which {_process_minutes(report):.0f} in benchmark "
@@ -176,10 +189,24 @@ def write_outputs(report: Dict, out: Path) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- run
-def machine() -> str:
-    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
-    return f"{model}, {os.cpu_count()} cores"
+def portable_command(argv: List[str]) -> str:
+    """The command as it is recorded in the committed files: a path inside the clone relative to it, any other
+    absolute path as a placeholder (`<TRL python>` for --vs-trl's, else `<name>`), so no machine path is kept."""
+    words, previous = ["python", "tools/bench_scaling.py"], ""
+    for arg in argv:
+        flag, prefix, value = previous, "", arg
+        if arg.startswith("--") and "=" in arg:
+            flag, value = arg.split("=", 1)
+            prefix = flag + "="
+        if value.startswith("/"):
+            path = Path(os.path.abspath(value))
+            if path.is_relative_to(REPO):
+                value = str(path.relative_to(REPO))
+            else:
+                value = "<TRL python>" if flag == "--vs-trl" else f"<{path.name}>"
+        words.append(prefix + value)
+        previous = arg
+    return shlex.join(words)
 
 
 def resumable(path: Path, args: argparse.Namespace) -> Dict[tuple, Dict]:
@@ -208,14 +235,27 @@ def main() -> int:
     parser.add_argument("--out", default=str(DEFAULT_OUT), help="folder for scaling.md/.json/.png (%(default)s)")
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=["tiny", "small"])
     parser.add_argument("--mixes", nargs="+", default=list(MIXES), choices=MIXES)
+    parser.add_argument("--new-tokens", type=int, nargs="+", choices=sorted({t for _, t in GRID}),
+                        help="only these completion limits of the grid")
     parser.add_argument("--from-json", metavar="SCALING_JSON", help="only write the table and plot of a past run")
     parser.add_argument("--note", default="", help="a line for the table's notes (what code was measured, say)")
     parser.add_argument("--resume", action="store_true",
                         help="keep the settings an interrupted run already wrote to --out/scaling.json")
     parser.add_argument("--steps", type=int, nargs=2, metavar=("STEPS", "WARMUP"),
-                        help="the same steps and warm-up steps for every setting instead of STEPS (quick looks)")
+                        help="the same steps and warm-up steps for every setting instead of STEPS; fewer than "
+                             f"{MIN_COUNTED} counted steps only with --smoke")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a quick check that everything runs (allows --steps 1 0 and --repeats 1); its table "
+                             "is no measurement")
     bench_grpo.add_run_options(parser)
+    parser.set_defaults(repeats=REPEATS)
     args = parser.parse_args()
+    if args.steps and args.steps[0] - args.steps[1] < MIN_COUNTED and not args.smoke:
+        parser.error(f"--steps {args.steps[0]} {args.steps[1]} counts {args.steps[0] - args.steps[1]} steps: a row "
+                     f"of the table needs at least {MIN_COUNTED} (add --smoke for a quick check)")
+    if args.vs_trl and args.repeats < REPEATS and not args.smoke:
+        parser.error(f"--repeats {args.repeats}: a row of the table needs at least {REPEATS} alternating runs per "
+                     "framework (add --smoke for a quick check)")
     out = Path(args.out)
     if args.from_json:
         report = json.loads(Path(args.from_json).read_text())
@@ -224,10 +264,12 @@ def main() -> int:
         return 0
     if not bench_grpo.check_inputs(args.vs_trl):
         return 2
-    grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes]
+    grid = [(size, tokens, mix) for size, tokens in GRID if size in args.sizes for mix in args.mixes
+            if not args.new_tokens or tokens in args.new_tokens]
     start = time.perf_counter()
-    report = {"command": shlex.join(["python", "tools/bench_scaling.py"] + sys.argv[1:]), "machine": machine(),
-              "code": code_version(), "note": args.note,
+    report = {"command": portable_command(sys.argv[1:]), "machine": cpu_model(), "code": code_version(),
+              "note": ("smoke run, not a measurement; " if args.smoke else "") + args.note,
+              "prompts": bench_assets(Path(args.model_cache)).source,
               "load_before": [round(x, 2) for x in os.getloadavg()], "settings": [], "complete": False}
     for size, tokens, mix in grid:  # calibrate every model copy first, so the timings below exclude it
         bench_grpo.setting_model(size, mix, tokens, Path(args.model_cache))

@@ -50,8 +50,8 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from bench_grpo import GENERATIONS, MAX_PROMPT_LENGTH, NEW_TOKENS, PROMPTS, bench_config, convert_gsm8k
-from benchlib import FIXTURE, GSM8K_TRAIN, REPO, write_small_model
+from bench_grpo import GENERATIONS, MAX_PROMPT_LENGTH, NEW_TOKENS, PROMPTS, bench_config, convert_prompts
+from benchlib import REPO, bench_assets
 
 LAYOUTS = {"tp1": dict(data_parallel=1, model_parallel=1), "tp2": dict(data_parallel=1, model_parallel=2),
            "dp2": dict(data_parallel=2, model_parallel=1)}
@@ -262,20 +262,15 @@ def main(argv=None) -> int:
         tmp.write_text(json.dumps(result))
         tmp.replace(out)
         return 0
-    for needed in (FIXTURE, GSM8K_TRAIN):
-        if not needed.exists():
-            print(f"error: {needed} not found (set MINDGRPO_SHARED to the shared reference folder)", file=sys.stderr)
-            return 2
     if shutil.which("msrun") is None and any(processes(name) > 1 for name in args.layouts):
         print("error: msrun (MindSpore's launcher) is not on PATH", file=sys.stderr)
         return 2
     lines: Dict[str, Dict] = {}
     with tempfile.TemporaryDirectory(prefix="bench_tp_") as tmp:
         work = Path(tmp)
-        model_dir = write_small_model(work / "small")
-        import mindgrpo  # noqa: F401  (quiet logging before MindSpore loads)
-
-        convert_gsm8k(work / "gsm8k_train.mindrecord")
+        assets = bench_assets()  # `small` with its tokenizer, and the prompts (see benchlib)
+        model_dir = assets.model("small")
+        convert_prompts(assets.prompts, model_dir, work / "gsm8k_train.mindrecord")
         for layout in args.layouts:
             try:
                 lines[layout] = run_layout(layout, model_dir, work, args)

@@ -4,8 +4,8 @@ tests/fixtures/trl_toolbox_reference.npz.
 trl 1.16 needs transformers 5, which mindformers' pin (4.57.1) forbids, so this runs in a separate venv (it may
 reuse the installed torch), on the project's generated tiny model (any Qwen2 folder does: the log-probs are fixed):
 
-    python -m venv --system-site-packages /tmp/trlenv && /tmp/trlenv/bin/pip install trl==1.16.0 "numpy>=2"
-    /tmp/trlenv/bin/python tools/make_trl_loss_reference.py --model "$(python tests/fixtures/cache.py tiny-qwen2.5)"
+    bash tools/make_trl_venv.sh trlenv        # TRL 1.16.0 and transformers 5 over this Python's torch
+    trlenv/bin/python tools/make_trl_loss_reference.py --model "$(python tests/fixtures/cache.py tiny-qwen2.5)"
 
 Each case builds a real ``trl.GRPOTrainer`` on the tiny model, replaces its log-prob forward
 (``_get_per_token_logps_and_entropies``) by a fixed leaf tensor, calls TRL's ``_compute_loss`` on a hand-made batch

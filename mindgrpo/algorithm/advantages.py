@@ -12,7 +12,7 @@ DEFAULT_STD_EPS = 1e-4
 
 
 def group_advantages(rewards, num_generations: int, scale_rewards: str = "group",
-                     eps: float = DEFAULT_STD_EPS) -> tuple[Tensor, Tensor]:
+                     eps: float = DEFAULT_STD_EPS, batch_std: float | None = None) -> tuple[Tensor, Tensor]:
     """Advantages ``(r - mean_group) / (std + eps)`` for rewards laid out as consecutive groups.
 
     Args:
@@ -23,6 +23,8 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str = "group"
             rewards (more robust when many groups are nearly constant, as in TRL / "Tricks or Traps"); ``"none"``
             does not divide (Dr. GRPO: the std division biases towards too easy / too hard prompts).
         eps: added to the std before dividing.
+        batch_std: for ``"batch"``, the std of the whole global batch when its rewards are spread over
+            data-parallel ranks (:func:`global_batch_std`); None: the std of these N rewards.
 
     The std is the **unbiased** one (divides by n - 1), as TRL and verl compute it with ``torch.std``; a group of
     size 1 has no spread, so its advantage is 0.
@@ -53,7 +55,19 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str = "group"
         return centered.reshape(-1), zero_std_groups
     if scale_rewards == "group":
         std = ops.sqrt((centered * centered).sum(axis=1, keepdims=True) / (num_generations - 1))
+    elif batch_std is not None:
+        std = Tensor(batch_std, ms.float32)
     else:
         batch_centered = rewards - rewards.mean()
         std = ops.sqrt((batch_centered * batch_centered).sum() / (rewards.shape[0] - 1))
     return (centered / (std + eps)).reshape(-1), zero_std_groups
+
+
+def global_batch_std(rewards: np.ndarray, all_reduce_sum) -> float:
+    """The unbiased std of the rewards of every data-parallel rank (TRL's ``scale_rewards="batch"`` gathers the
+    global batch): two sums over the ranks, the mean first, so the squares are of centred values.
+    ``all_reduce_sum(values)`` sums a small array over the data-parallel ranks."""
+    rewards = np.asarray(rewards, np.float64)
+    count, total = all_reduce_sum(np.array([len(rewards), rewards.sum()]))
+    squares = all_reduce_sum(np.array([((rewards - total / count) ** 2).sum()]))[0]
+    return float(np.sqrt(squares / max(count - 1, 1)))

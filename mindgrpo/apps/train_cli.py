@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
 import mindgrpo
-from mindgrpo.config import CLI_FLAGS, ConfigError, describe, load_config
+from mindgrpo.config import CLI_FLAGS, ConfigError, describe, load_config, validate
 from mindgrpo.data import DataError
 
 # The embedded demo's config ships with the source checkout, beside examples/grpo/main.py.
@@ -55,9 +55,12 @@ def run_inputs(args: argparse.Namespace) -> Tuple[Path, List[str], dict]:
         raise ConfigError(f"no --config given, and the embedded demo's config {DEMO_CONFIG} is missing (it comes "
                           "with the source checkout): pass --config grpo_config.yaml")
     run_dir = Path("output") / "demo"
+    overrides = [f"rl_config.output_dir={run_dir.resolve()}", *overrides]
+    # Keys and values first: a bad override must not wait for the demo's model and data to be made (or leave them).
+    validate(load_config(DEMO_CONFIG, overrides, flags), check_paths=False)
     for flag, value in prepare_demo(run_dir).items():
         flags[flag] = flags[flag] or value
-    return DEMO_CONFIG, [f"rl_config.output_dir={run_dir.resolve()}", *overrides], flags
+    return DEMO_CONFIG, overrides, flags
 
 
 def prepare_demo(run_dir: Path) -> dict:

@@ -44,7 +44,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
                 + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
                 + _reward_problems(config) + _generation_problems(config)
-                + _vision_problems(config))
+                + _vision_problems(config) + _model_source_problems(config))
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -53,6 +53,30 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
         where = f" in {config.config_path}" if config.config_path else ""
         raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
     return config
+
+
+def _model_source_problems(config: GRPOConfig) -> List[str]:
+    """A reference or rollout folder the run would never read is refused, not ignored: a run pointed at another
+    model must not train on the actor's weights without a word."""
+    actor = config.actor_config.load
+    problems: List[str] = []
+    generate = config.generate_config.load
+    if generate and not _same_folder(generate, actor):
+        problems.append(f"generate_config.load (--generate_checkpoint_path) = {generate} differs from "
+                        f"actor_config.load = {actor}: the rollout engine always generates with the actor's current "
+                        "weights (native decodes over the actor's own Parameters; mindformers and vllm copy them in "
+                        "before the first rollout), so this folder would never be used; leave it empty or set it to "
+                        "the actor's folder")
+    ref = config.ref_config.load
+    if ref and config.rl_config.beta == 0 and not _same_folder(ref, actor):
+        problems.append(f"ref_config.load (--ref_checkpoint_path) = {ref} would never be read: rl_config.beta = 0 "
+                        "builds no reference model; set rl_config.beta > 0 for a KL penalty to it, or leave "
+                        "ref_config.load empty")
+    return problems
+
+
+def _same_folder(a: str, b: str) -> bool:
+    return bool(b) and os.path.realpath(a) == os.path.realpath(b)
 
 
 def _vision_problems(config: GRPOConfig) -> List[str]:
@@ -295,7 +319,24 @@ def _path_problems(config: GRPOConfig) -> List[str]:
         value = get_key(config, key)
         if value and not _writable(value):
             problems.append(f"{key} = {value}: cannot create or write this folder")
-    return problems
+    return problems + _resume_problems(config)
+
+
+def _resume_problems(config: GRPOConfig) -> List[str]:
+    """A run killed before its first checkpoint resumes from step 0 (its folder holds at least its lock file); a
+    folder no run ever wrote to means a mistyped path, which would silently start over."""
+    rl = config.rl_config
+    if not rl.resume_training or any(_holds_files(folder) for folder in (config.checkpoint_dir, rl.output_dir)):
+        return []
+    return [f"rl_config.resume_training (--resume_training): nothing to resume, no run ever wrote to "
+            f"rl_config.output_dir = {rl.output_dir} or the checkpoint folder {config.checkpoint_dir} (both absent "
+            "or empty); drop --resume_training to start a new run, or point rl_config.output_dir (or "
+            "--save_checkpoint_dir) at the run to continue"]
+
+
+def _holds_files(folder: str) -> bool:
+    path = Path(folder)
+    return path.is_dir() and any(path.iterdir())
 
 
 def _writable(path: str) -> bool:

@@ -25,19 +25,32 @@ over :mod:`~mindgrpo.models.qwen2_blocks` with M-RoPE, checked against transform
 engine and the shared-prompt and packed forwards take their outputs; :mod:`mindgrpo.train.prompt_images` runs the
 tower in training.
 
-Every MindFormers import in mindgrpo is in this package or reaches it through this package, so it is imported
-once, here, without the packages it loads only for features mindgrpo never uses (see
-:mod:`mindgrpo._lean_import`).
+Every MindFormers import in mindgrpo is in :mod:`~mindgrpo.models.causal_lm` or reaches it through this package,
+and goes through :func:`mindgrpo._lean_import.lean_mindformers_import` (without the packages MindFormers loads only
+for features mindgrpo never uses). The package's names load on first use: reading a ``config.json``
+(:mod:`~mindgrpo.models.hf_config`, which the preflight does before anything is built) costs no MindFormers import,
+several seconds on 2 cores.
 """
-from mindgrpo._lean_import import lean_mindformers_import
+import importlib
 
-with lean_mindformers_import():
-    from mindgrpo.models.causal_lm import ROLES, Qwen2CausalLM, build_model
-    from mindgrpo.models.export import export_hf
-    from mindgrpo.models.hf_config import (ModelConfigError, Qwen2Spec, qwen2_spec, read_generation_config,
-                                           read_hf_config)
-    from mindgrpo.models.packed_prompt import PackedPromptForward
-    from mindgrpo.models.shared_prompt import SharedPromptForward
-    from mindgrpo.models.weights import (CheckpointMismatchError, checkpoint_files, hf_parameters, hf_to_ms_name,
-                                         load_hf_weights, load_state_dict_hf, ms_to_hf_name, state_dict_hf,
-                                         sync_weights)
+_EXPORTS = {
+    "mindgrpo.models.causal_lm": ("ROLES", "Qwen2CausalLM", "build_model"),
+    "mindgrpo.models.export": ("export_hf",),
+    "mindgrpo.models.hf_config": ("ModelConfigError", "Qwen2Spec", "qwen2_spec", "read_generation_config",
+                                  "read_hf_config"),
+    "mindgrpo.models.packed_prompt": ("PackedPromptForward",),
+    "mindgrpo.models.shared_prompt": ("SharedPromptForward",),
+    "mindgrpo.models.weights": ("CheckpointMismatchError", "checkpoint_files", "hf_parameters", "hf_to_ms_name",
+                                "load_hf_weights", "load_state_dict_hf", "ms_to_hf_name", "state_dict_hf",
+                                "sync_weights"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'mindgrpo.models' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_HOME[name]), name)
+    globals()[name] = value  # the next lookup is an ordinary one
+    return value

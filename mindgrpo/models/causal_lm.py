@@ -22,13 +22,17 @@ from typing import Optional, Union
 from mindspore import Tensor, nn, ops
 from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
-from mindformers.models.llama import LlamaForCausalLM  # after mindgrpo.models' import preparation
 
+from mindgrpo._lean_import import lean_mindformers_import
 from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
 from mindgrpo.models.qwen2_blocks import mask_bias
 from mindgrpo.models.qwen2_sharded import Qwen2Shard
 from mindgrpo.models.shard_layout import TPLayout
+
 from mindgrpo.models.weights import load_hf_weights
+
+with lean_mindformers_import():  # without the packages MindFormers loads for features mindgrpo never uses
+    from mindformers.models.llama import LlamaForCausalLM
 
 PathLike = Union[str, Path]
 ROLES = ("actor", "reference", "inference")

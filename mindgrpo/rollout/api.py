@@ -34,6 +34,11 @@ class SamplingParams:
     seed: Optional[int] = None
     """Seed of the sampler; the same seed, prompts, params, weights and engine give the same completions. None
     draws a fresh seed."""
+    prompt_keys: Tuple[int, ...] = ()
+    """Each prompt's place in a larger batch sampled with the same seed (empty: its index in this call). The native
+    backend draws completion ``j`` of a prompt from (seed, key * num_generations + j) alone, so data-parallel
+    ranks that each sample their share of a global batch draw what one process sampling all of it draws. The
+    mindformers and vllm backends draw from streams of their own and ignore it."""
     num_generations: int = 1
     """Completions per prompt (GRPO's group size; vLLM's ``n``)."""
     stop_token_ids: Tuple[int, ...] = ()
@@ -46,6 +51,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "prompt_keys", tuple(int(k) for k in self.prompt_keys))
         problems = []
         if self.max_tokens < 1:
             problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
@@ -61,6 +67,8 @@ class SamplingParams:
             problems.append(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
         if self.num_generations < 1:
             problems.append(f"num_generations must be >= 1, got {self.num_generations}")
+        if any(k < 0 for k in self.prompt_keys) or len(set(self.prompt_keys)) != len(self.prompt_keys):
+            problems.append("prompt_keys must be distinct non-negative integers")
         if self.seed is not None and not 0 <= self.seed < 2 ** 63:
             problems.append(f"seed must be a non-negative integer below 2**63 or None, got {self.seed}")
         if problems:
@@ -135,6 +143,8 @@ def eos_tuple(eos_token_id: EosIds) -> Tuple[int, ...]:
 def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_prompt_length: int,
                   vocab_size: int) -> List[List[int]]:
     """Prompts as lists of ints, with a clear error for empty, too long or out-of-vocabulary prompts or stop ids."""
+    if params.prompt_keys and len(params.prompt_keys) != len(prompts):
+        raise ValueError(f"{len(params.prompt_keys)} prompt_keys for {len(prompts)} prompts: one key per prompt")
     bad_stops = [t for t in params.stop_token_ids if not 0 <= t < vocab_size]
     if bad_stops:
         raise ValueError(f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab_size})")

@@ -100,20 +100,48 @@ def _outside_top_p(logp: np.ndarray, top_p: float, first_k: int = 64) -> np.ndar
     return drop
 
 
+_MIX = (np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB))
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _splitmix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 arrays (wrapping arithmetic): a bijection whose outputs pass BigCrush."""
+    x = (x ^ (x >> np.uint64(30))) * _MIX[0]
+    x = (x ^ (x >> np.uint64(27))) * _MIX[1]
+    return x ^ (x >> np.uint64(31))
+
+
+def row_uniforms(seed: int, row_keys: np.ndarray, step: int) -> np.ndarray:
+    """float64 uniforms in [0, 1), one per row: a hash of (seed, the row's key, the completion position) alone.
+
+    Counter-based rather than a stream, so a row's draws depend on nothing else in the call: not on the other
+    rows, the chunk it is decoded in, or the rank that samples it. Data-parallel ranks that key their rows by
+    their place in the global batch draw what one process sampling the whole batch draws.
+    """
+    keys = np.asarray(row_keys, np.uint64)
+    with np.errstate(over="ignore"):
+        x = _splitmix(np.uint64(seed) * _GOLDEN + keys)
+        x = _splitmix(x ^ (np.uint64(step) * _GOLDEN + _GOLDEN))
+    return (x >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+
+
 class TokenSampler:
     """Draws the next token of a batch of rows, one step at a time, from :func:`process_logits`' distribution.
 
-    Holds the per-rollout state: the random generator and, for the repetition penalty, which tokens each row has
-    seen (its prompt and its completion so far). Every step draws one uniform per row of the rollout, whether the
-    row is still being sampled or not, so a row's tokens do not depend on which other rows have ended (the native
-    engine stops decoding finished rows).
+    Holds the per-rollout state: the seed, each row's key (:func:`row_uniforms`) and, for the repetition penalty,
+    which tokens each row has seen (its prompt and its completion so far). A row's uniform at each position is a
+    function of (seed, key, position), so a row's tokens depend neither on which other rows have ended (the native
+    engine stops decoding finished rows) nor on which rows share its call.
     """
 
-    def __init__(self, params: SamplingParams, eos_ids: Sequence[int], vocab_size: int,
-                 rng: np.random.Generator, row_prompts: Sequence[Sequence[int]]):
+    def __init__(self, params: SamplingParams, eos_ids: Sequence[int], vocab_size: int, seed: int,
+                 row_keys: Sequence[int], row_prompts: Sequence[Sequence[int]]):
+        if len(row_keys) != len(row_prompts):
+            raise ValueError(f"{len(row_keys)} row keys for {len(row_prompts)} rows")
         self.params = params
         self.eos_ids = tuple(eos_ids)
-        self.rng = rng
+        self.seed = int(seed)
+        self.row_keys = np.asarray(row_keys, np.int64)
         self.num_rows = len(row_prompts)
         self.seen = seen_tokens(row_prompts, vocab_size) if params.repetition_penalty != 1.0 else None
 
@@ -124,14 +152,14 @@ class TokenSampler:
         rows = np.arange(self.num_rows) if rows is None else np.asarray(rows)
         seen = None if self.seen is None else self.seen[rows]
         logp = process_logits(logits, self.params, step, self.eos_ids, seen)
-        tokens = np.argmax(logp, axis=-1) if self.params.greedy else self._draw(np.exp(logp), rows)
+        tokens = np.argmax(logp, axis=-1) if self.params.greedy else self._draw(np.exp(logp), rows, step)
         if self.seen is not None:
             self.seen[rows, tokens] = True
         return tokens, np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0].astype(np.float32)
 
-    def _draw(self, probs: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """One token per row of ``rows`` with probability ``probs`` (inverse CDF with a seeded uniform: each row
-        takes its own of the step's uniforms).
+    def _draw(self, probs: np.ndarray, rows: np.ndarray, step: int) -> np.ndarray:
+        """One token per row of ``rows`` with probability ``probs`` (inverse CDF with the row's uniform at
+        ``step``).
 
         The CDF is walked in two levels, blocks of ``_DRAW_BLOCK`` tokens and then one block per row: numpy's cumsum
         over a whole vocabulary is sequential (3.5 ns a token, 0.45 ms per step for 32 rows of 4,096), while the
@@ -143,7 +171,7 @@ class TokenSampler:
         blocks = np.pad(probs, ((0, 0), (0, padded - vocab))).reshape(count, padded // block, block)
         block_cdf = np.cumsum(blocks.sum(-1), axis=-1)
         # u in (0, 1]: the first block (then token) whose cdf reaches u * total has positive probability
-        target = (1.0 - self.rng.random(self.num_rows)[rows]) * block_cdf[:, -1]
+        target = (1.0 - row_uniforms(self.seed, self.row_keys[rows], step)) * block_cdf[:, -1]
         chosen = np.minimum((block_cdf < target[:, None]).sum(-1), block_cdf.shape[1] - 1)
         everything = np.arange(count)
         before = np.where(chosen > 0, block_cdf[everything, chosen - 1], 0.0)

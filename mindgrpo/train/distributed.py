@@ -88,10 +88,12 @@ def init_distributed(model_parallel: int = 1) -> DistInfo:
     rank, world = get_rank(), get_group_size()
     if model_parallel < 1 or world % model_parallel:
         raise RuntimeError(f"model_parallel = {model_parallel} does not divide the {world} msrun workers")
-    dp = world // model_parallel
     world_group = GlobalComm.WORLD_COMM_GROUP
 
     def make(name: str, ranks: list) -> str:
+        """The group of ``ranks`` (this rank among them): MindSpore refuses to create a group its caller is not
+        in, so each rank creates only its own two groups, its TP group first, then its DP group. The members of
+        any group reach its creation as the same (first or second) call, so the pairing matches on every rank."""
         if len(ranks) == 1:
             return ""
         if len(ranks) == world:
@@ -99,18 +101,9 @@ def init_distributed(model_parallel: int = 1) -> DistInfo:
         create_group(name, ranks)
         return name
 
-    # Every rank creates every group in the same order (the collective libraries pair creations by order).
-    tp_group = dp_group = ""
-    for d in range(dp):
-        ranks = list(range(d * model_parallel, (d + 1) * model_parallel))
-        name = make(f"mindgrpo_tp_{d}", ranks)
-        if rank in ranks:
-            tp_group = name
-    for t in range(model_parallel):
-        ranks = list(range(t, world, model_parallel))
-        name = make(f"mindgrpo_dp_{t}", ranks)
-        if rank in ranks:
-            dp_group = name
+    d, t = rank // model_parallel, rank % model_parallel
+    tp_group = make(f"mindgrpo_tp_{d}", list(range(d * model_parallel, (d + 1) * model_parallel)))
+    dp_group = make(f"mindgrpo_dp_{t}", list(range(t, world, model_parallel)))
     _INFO = DistInfo(rank=rank, world_size=world, tp_size=model_parallel, world_group=world_group,
                      tp_group=tp_group, dp_group=dp_group)
     return _INFO

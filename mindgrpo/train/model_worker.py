@@ -25,7 +25,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn
 
-from mindgrpo.algorithm import METRICS, LossSettings, group_advantages, step_row_weights
+from mindgrpo.algorithm import METRICS, LossSettings, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
 from mindgrpo.models.export import export_hf_arrays
@@ -102,12 +102,14 @@ class ModelWorker:
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[np.ndarray], *, seed: int,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None):
-        """``num_generations`` completions per prompt; ``images``: a Qwen2.5-VL step's :meth:`embed_images`."""
+                 images: Optional[Sequence[Optional[PromptImages]]] = None, prompt_keys: Sequence[int] = ()):
+        """``num_generations`` completions per prompt; ``images``: a Qwen2.5-VL step's :meth:`embed_images`;
+        ``prompt_keys``: each prompt's place in the global batch (``SamplingParams.prompt_keys``)."""
         s = self.sampling
         params = SamplingParams(max_tokens=s.max_tokens, min_tokens=s.min_tokens, temperature=s.temperature,
                                 top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty, seed=seed,
-                                num_generations=self.config.rl_config.num_generations, logprobs=True)
+                                num_generations=self.config.rl_config.num_generations, logprobs=True,
+                                prompt_keys=tuple(prompt_keys))
         return self.engine.generate([list(map(int, p)) for p in prompts], params, images)
 
     def embed_images(self, images) -> Optional[List[Optional[PromptImages]]]:
@@ -133,7 +135,11 @@ class ModelWorker:
 
     def advantages(self, rewards: np.ndarray):
         rl = self.config.rl_config
-        advantages, zero_std_groups = group_advantages(rewards, rl.num_generations, scale_rewards=rl.scale_rewards)
+        # "batch" divides by the std of the global batch, whose rewards the data-parallel ranks share out
+        batch_std = (global_batch_std(rewards, lambda v: all_reduce_sum(v, self.dist))
+                     if rl.scale_rewards == "batch" and self.dist.dp_size > 1 else None)
+        advantages, zero_std_groups = group_advantages(rewards, rl.num_generations, scale_rewards=rl.scale_rewards,
+                                                       batch_std=batch_std)
         return advantages.asnumpy(), int(zero_std_groups)
 
     def sync_weights(self) -> None:

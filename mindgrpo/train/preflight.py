@@ -1,22 +1,139 @@
-"""Checks that the run's data, tokenizer and model belong together, before any model is built or graph compiled.
+"""Every check a run needs only its config, data, verifiers, ``config.json`` and launcher for, before any model is
+built, graph compiled or output file written (:func:`preflight`, the trainer's first act).
 
-Each mismatch below used to surface minutes later as a shape error deep in a compiled graph, or not at all (a
+Each mismatch below used to surface minutes later (a misspelled verifier after the models were loaded, a 7B run
+on a host without CANN as MindSpore's C++ trace), as a shape error deep in a compiled graph, or not at all (a
 MindRecord tokenized with another vocabulary trains on garbage prompts without a single error). Every message names
-the file and the config key to change.
+the file, flag or config key to change; the command line prints it as one ``error:`` line (exit 2).
 """
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
+from mindgrpo.config import ConfigError, check_micro_batches, check_parallel_layout, parallel_layout_dims, validate
 from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_prompt
+from mindgrpo.train.distributed import launched_by_msrun
 
 if TYPE_CHECKING:
     from mindgrpo.config import GRPOConfig
     from mindgrpo.data.tokenizer import Tokenizer
+    from mindgrpo.rewards.scorer import RewardScorer
 
 _RECHECKED_ROWS = 8  # prompts re-tokenized to recognise the tokenizer a MindRecord was made with
+
+
+@dataclass
+class RunInputs:
+    """What the checks read, handed to the trainer so nothing is read twice."""
+    tokenizer: "Tokenizer"
+    dataset: PromptDataset
+    scorer: "RewardScorer"
+
+
+def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
+    """Run every check that needs no model, graph or output file; raise ConfigError or DataError naming the key.
+
+    In order: the values and input paths (:func:`validate`), the micro-batch shapes, the device, the verifiers,
+    the launcher and the parallel layout against each model's config.json, then the tokenizer and data against the
+    models. Builds nothing and writes nothing (reading config.json imports MindFormers: the slowest part)."""
+    from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
+
+    validate(config, check_paths=check_paths)
+    check_micro_batches(config)
+    check_device(config.rl_config.device_target)
+    scorer = reward_scorer(config)
+    try:
+        world_size = launched_world_size()
+        check_launch(config, world_size)
+        try:
+            tokenizer = load_tokenizer(config.tokenizer_dir)
+        except (OSError, TokenizerError) as err:
+            raise ConfigError(f"rl_config.tokenizer_dir (--tokenizer_dir; empty: actor_config.load) = "
+                              f"{config.tokenizer_dir}: {err}") from None
+        dataset = PromptDataset(config.rl_config.dataset_file)
+        check_run_inputs(config, tokenizer, dataset,
+                         world_size=world_size // config.actor_config.parallel_config.model_parallel)
+    except BaseException:
+        scorer.close()  # its verifier worker processes, if it started any
+        raise
+    return RunInputs(tokenizer, dataset, scorer)
+
+
+def launched_world_size() -> int:
+    """The worker count msrun exported to this process (1 for a plain process): known before any process group."""
+    return int(os.environ.get("MS_WORKER_NUM", "1")) if launched_by_msrun() else 1
+
+
+def check_device(target: str) -> None:
+    """``device_target: Ascend`` needs MindSpore's Ascend backend loaded, which needs CANN's libraries: MindSpore
+    tries to load it at import and keeps the loader's error (a host without CANN, or without its environment
+    sourced, fails here and not minutes later in ``set_device``'s C++ trace)."""
+    if target != "Ascend":
+        return
+    from mindspore._c_expression import MSContext  # the record mindspore.device_context.ascend reads
+
+    context = MSContext.get_instance()
+    if context.is_pkg_support_device("Ascend"):
+        return
+    reason = next((line.strip() for line in context.load_plugin_error().splitlines() if line.strip()),
+                  "no loader message")
+    raise ConfigError(f"rl_config.device_target = Ascend, but MindSpore cannot load its Ascend backend here "
+                      f"({reason}): install CANN and source its environment before starting (e.g. `source "
+                      "/usr/local/Ascend/ascend-toolkit/set_env.sh`, which sets ASCEND_HOME_PATH and "
+                      "LD_LIBRARY_PATH; `python -m mindgrpo doctor` checks the device), or set "
+                      "rl_config.device_target=CPU")
+
+
+def check_launch(config: "GRPOConfig", world_size: int) -> None:
+    """The layout against msrun's worker count and against the actor's (and a separate reference's) config.json:
+    heads, KV heads, MLP and vocabulary must split over model_parallel."""
+    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
+
+    parallel = config.actor_config.parallel_config
+    workers = parallel.data_parallel * parallel.model_parallel * parallel.pipeline_stage
+    unlaunched = None
+    if workers > 1 and not launched_by_msrun():
+        unlaunched = (f"actor_config.parallel_config: data_parallel x model_parallel = {workers} workers, but this "
+                      f"process was not started by msrun: launch it as `msrun --worker_num={workers} "
+                      f"--local_worker_num={workers} examples/grpo/main.py --config ...` (scripts/run_grpo_8p.sh), or "
+                      "set data_parallel and model_parallel to 1")
+        world_size = workers  # judge the shapes as msrun would run them
+    models = [("actor_config.load", config.actor_config.load)]
+    if config.rl_config.beta > 0 and config.ref_load != config.actor_config.load:
+        models.append(("ref_config.load", config.ref_load))
+    for key, folder in models:
+        try:
+            dims = parallel_layout_dims(read_hf_config(folder))
+        except (OSError, ModelConfigError, KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"{key} = {folder}: {err}") from None
+        try:
+            check_parallel_layout(parallel, world_size=world_size, device_target=config.rl_config.device_target,
+                                  **dims)
+        except ConfigError as err:
+            raise ConfigError(f"{err} (the model of {key} = {folder})"
+                              + (f"\n  - {unlaunched}" if unlaunched else "")) from None
+    if unlaunched:
+        raise ConfigError(unlaunched)
+
+
+def reward_scorer(config: "GRPOConfig") -> "RewardScorer":
+    """The run's scorer: resolving every verifier (a misspelled name, a module that does not import, a function
+    with the wrong signature) is a check."""
+    from mindgrpo.rewards.scorer import RewardScorer
+
+    reward = config.reward_config
+    try:
+        return RewardScorer(reward.verifier_function, reward.verifier_weight,
+                            gate_accuracy_on_format=reward.gate_accuracy_on_format,
+                            fallback_last_number=reward.fallback_last_number, aggregation=reward.aggregation,
+                            num_generations=config.rl_config.num_generations,
+                            verifier_timeout=reward.verifier_timeout, verifier_parallel=reward.verifier_parallel)
+    except ValueError as err:  # VerifierSpecError included; each message names reward_config.verifier_*
+        raise ConfigError(f"{err} (--verifier_function / --verifier_weight)") from None
 
 
 def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: PromptDataset, *,

@@ -47,18 +47,16 @@ import numpy as np
 
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train import peers
-from mindgrpo.config import (Derived, GRPOConfig, check_micro_batches, check_parallel_layout, dump_yaml,
-                             parallel_layout_dims, validate)
-from mindgrpo.data import PromptBatch, PromptDataset
+from mindgrpo.config import Derived, GRPOConfig, dump_yaml
+from mindgrpo.data import PromptBatch
 from mindgrpo.train.distributed import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
 from mindgrpo.train.metrics import MetricsLogger, throughput_tps
-from mindgrpo.train.preflight import check_run_inputs
+from mindgrpo.train.preflight import preflight
 from mindgrpo.rewards.overlong import OverlongPenalty
-from mindgrpo.rewards.scorer import RewardScorer, VerifierError
+from mindgrpo.rewards.scorer import VerifierError
 from mindgrpo.train.generation import Generation, Round, kept_groups, zero_std_groups
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
-from mindgrpo.data.tokenizer import load_tokenizer
 
 
 SHARD_STAGING = ".shards-step_"  # per-rank optimizer files wait here until rank 0 commits the checkpoint
@@ -76,13 +74,14 @@ class GRPOTrainer:
     """Trains a Qwen2.5 policy with GRPO from a :class:`~mindgrpo.config.GRPOConfig`."""
 
     def __init__(self, config: GRPOConfig, *, check_paths: bool = True):
+        # Every check first: a bad config, data, verifier, device or launch stops here, before MindSpore is set up,
+        # a model is built or the output folder is touched (mindgrpo/train/preflight.py).
+        inputs = preflight(config, check_paths=check_paths)
         import mindspore as ms
 
-        from mindgrpo.models import read_hf_config
         from mindgrpo.train.model_worker import ModelWorker
 
-        self.config = validate(config, check_paths=check_paths)
-        check_micro_batches(config)
+        self.config = config
         rl = config.rl_config
         ms.set_context(mode=ms.GRAPH_MODE if rl.mode == "graph" else ms.PYNATIVE_MODE)
         if rl.device_target != "auto":
@@ -90,28 +89,15 @@ class GRPOTrainer:
         self.dist: DistInfo = init_distributed(model_parallel=config.actor_config.parallel_config.model_parallel)
         if self.dist.world_size > 1:  # so a rank whose peer dies can name it (mindgrpo/train/peers.py)
             peers.register(rl.output_dir, self.dist.rank)
-        self.device_target = ms.get_context("device_target")
         ms.set_seed(rl.seed)
         random.seed(rl.seed)
         np.random.seed(rl.seed)
 
         if self.dist.is_main:  # a second run on the same output folder stops here (mindgrpo/train/run_lock.py)
             lock_output_dir(rl.output_dir)
-        self.tokenizer = load_tokenizer(config.tokenizer_dir)
-        self.dataset = PromptDataset(rl.dataset_file)
-        check_run_inputs(config, self.tokenizer, self.dataset, world_size=self.dist.dp_size)
-        hf = read_hf_config(config.actor_config.load)  # the layout is checked before any weight is read
-        check_parallel_layout(config.actor_config.parallel_config, world_size=self.dist.world_size,
-                              device_target=self.device_target, **parallel_layout_dims(hf))
+        self.tokenizer, self.dataset, self.scorer = inputs.tokenizer, inputs.dataset, inputs.scorer
         self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
                                   pad_token_id=self.tokenizer.pad_token_id)
-        reward = config.reward_config
-        self.scorer = RewardScorer(reward.verifier_function, reward.verifier_weight,
-                                   gate_accuracy_on_format=reward.gate_accuracy_on_format,
-                                   fallback_last_number=reward.fallback_last_number,
-                                   aggregation=reward.aggregation, num_generations=rl.num_generations,
-                                   verifier_timeout=reward.verifier_timeout,
-                                   verifier_parallel=reward.verifier_parallel)
         self.overlong = OverlongPenalty(config.generate_config.sampling_config.max_tokens,
                                         rl.overlong_buffer_length, rl.overlong_penalty_factor)
 
@@ -292,7 +278,8 @@ class GRPOTrainer:
         with _timed(timings, "timing/vision"):  # Qwen2.5-VL: each prompt's images, once; None for text
             images = self.worker.embed_images(_joined([batch.images for batch in batches]))
         with _timed(timings, "timing/rollout"):
-            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images)
+            generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images,
+                                             prompt_keys=self._prompt_keys(batches))
         mask = generated.completion_mask.astype(bool)
         completions = self.tokenizer.batch_decode([ids[row] for ids, row in zip(generated.completion_ids, mask)])
         golds = [gold for batch in batches for gold in batch.golds]
@@ -303,13 +290,20 @@ class GRPOTrainer:
         return Round(prompts, golds, generated, completions, rewards, overlong, images)
 
     def _sampling_seed(self, round_index: int = 0) -> int:
-        """Derived from (seed, step, generation round, data-parallel rank) alone, so a resumed run samples exactly
-        what the original would, and the ranks of one tensor-parallel group draw the same tokens. The first round
-        keeps the (seed, step, rank) seed that runs without dynamic sampling have always used."""
+        """Derived from (seed, step, generation round) alone, so a resumed run samples exactly what the original
+        would, and every rank draws from the same seed: a prompt's completions then depend on its place in the
+        global batch (:meth:`_prompt_keys`), not on the rank or the layout."""
         rl = self.config.rl_config
-        key = [rl.seed, self.step, self.dist.dp_rank] if round_index == 0 else \
-            [rl.seed, self.step, round_index, self.dist.dp_rank]
+        key = [rl.seed, self.step] if round_index == 0 else [rl.seed, self.step, round_index]
         return int(np.random.SeedSequence(key).generate_state(1)[0] & 0x7FFFFFFF)
+
+    def _prompt_keys(self, batches: List[PromptBatch]) -> List[int]:
+        """Each prompt's place in the round's global batches: prompt p of this rank's batch j is global prompt
+        j * (batch_size x dp_size) + dp_rank * batch_size + p, as the dataset deals them out
+        (``PromptDataset._schedule``), which is its place in one process reading all of them."""
+        size, dist = self.config.rl_config.batch_size, self.dist
+        return [j * size * dist.dp_size + dist.dp_rank * size + p
+                for j, batch in enumerate(batches) for p in range(len(batch.prompt_ids))]
 
     def _step_metrics(self, rollouts: RolloutBatch, generation: Generation, index: int, advantages: np.ndarray,
                       update: Dict[str, float], timings: Dict[str, float]) -> Dict[str, float]:

@@ -30,9 +30,9 @@ Prompts are left-padded to ``S``, so every row writes its ``t``-th token at cach
 count from each prompt's first real token and padded keys are masked, which makes results equal to the unpadded
 computation. Compaction does not change results either: each row's logits are the same bits in any decode batch
 of two or more columns (the products and kernels are column-wise; a single column would take MatMul's
-matrix-vector kernel, which rounds differently, hence ``min_decode_batch >= 2``) and the sampler draws every row's
-randomness whether the row is live or not (:class:`~mindgrpo.rollout.sampler.TokenSampler`), so tokens and log-probs
-equal those of decoding every row to the end (``compact=False``).
+matrix-vector kernel, which rounds differently, hence ``min_decode_batch >= 2``) and a row's random draws are a
+function of (seed, the row's key, the position) alone (:func:`~mindgrpo.rollout.sampler.row_uniforms`), so tokens
+and log-probs equal those of decoding every row to the end (``compact=False``), in any chunk, on any rank.
 
 Qwen2.5-VL prompts (``generate(..., images=...)``, one :class:`~mindgrpo.rollout.api.PromptImages` per prompt with
 images) take the same path. The host computes each prompt's M-RoPE positions once
@@ -258,11 +258,13 @@ class NativeRolloutEngine:
         g = params.num_generations
         rows = [prompts[p] for p in range(len(prompts)) for _ in range(g)]  # prompt-major
         row_vision = None if vision is None else [vision[p] for p in range(len(prompts)) for _ in range(g)]
-        rng = np.random.default_rng(params.seed)  # one stream for all chunks: reproducible per seed
+        seed = params.seed if params.seed is not None else int(np.random.default_rng().integers(2 ** 63))
+        keys = np.asarray(params.prompt_keys or range(len(prompts)), np.int64)
+        row_keys = (keys[:, None] * g + np.arange(g)).reshape(-1)  # each row's draws: (seed, its key) alone
 
         def sample_chunk(chunk, start):
             chunk_vision = None if row_vision is None else row_vision[start:start + len(chunk)]
-            return self._sample_chunk(chunk, params, rng, chunk_vision)
+            return self._sample_chunk(chunk, params, seed, row_keys[start:start + len(chunk)], chunk_vision)
 
         with graph_mode():
             return generate_in_chunks(rows, self.max_batch_size, sample_chunk, params, self.pad_token_id)
@@ -316,14 +318,14 @@ class NativeRolloutEngine:
         self._buckets.clear()
 
     # -- internals --------------------------------------------------------------------------------------
-    def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, rng: np.random.Generator,
+    def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, seed: int, row_keys: np.ndarray,
                       row_vision: Optional[List[Optional["_VisionPrompt"]]] = None
                       ) -> Tuple[List[List[int]], List[List[float]], List[str]]:
         """Sample completions for one batch of rows (each a prompt to continue, with its images in a Qwen2.5-VL
         call): tokens, log-probs, reasons."""
         stop_ids = np.array(self.eos_ids + params.stop_token_ids)
         decoder = _ChunkDecoder(self, rows, params.max_tokens, row_vision)
-        sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, rng, rows)
+        sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, seed, row_keys, rows)
         tokens: List[List[int]] = [[] for _ in rows]
         logprobs: List[List[float]] = [[] for _ in rows]
         reasons = [FINISH_LENGTH] * len(rows)

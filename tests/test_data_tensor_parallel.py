@@ -1,0 +1,169 @@
+"""Data x tensor parallelism under msrun: 4 CPU workers at ``data_parallel 2 x model_parallel 2`` train as one process.
+
+The layout must not change the run: a GRPO step at 2 x 2 (``batch_size`` prompts per data-parallel rank) and the
+same step in one process taking both ranks' prompts (``batch_size`` x 2) sample the same tokens (a prompt's
+completions are drawn by its place in the global batch, not by rank), normalise the loss alike (``dapo``'s token
+mean counts the tokens of every data-parallel rank) and clip the same global gradient norm (summed over the TP and
+averaged over the DP groups with the real collectives; ``max_grad_norm`` is set low enough that every step clips).
+With ZeRO-1 on and off, and for a 2 x 2 run killed after its first checkpoint and resumed.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import msrun_group, small_run_config  # noqa: E402
+from test_tensor_parallel import _msrun  # noqa: E402
+
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
+BATCH = 2  # prompts per data-parallel rank
+MAX_GRAD_NORM = 0.05  # below every step's norm here (asserted): clipping is active
+
+# Several runs in one process (the process groups are set up once); each writes its metrics and sampled tokens.
+WORKER = """
+import sys
+import numpy as np
+import mindgrpo
+from mindgrpo.config import load_config
+from mindgrpo.train.trainer import GRPOTrainer
+for path in sys.argv[1:]:
+    config = load_config(path)
+    trainer = GRPOTrainer(config)
+    tokens = []
+    while trainer.step < trainer.total_steps:
+        trainer.train_step()
+        batch = trainer.last_rollouts
+        tokens.append(np.where(batch.completion_mask > 0, batch.completion_ids, -1))
+        if trainer.step % config.rl_config.save_ckpt_interval == 0:
+            trainer.save_checkpoint()
+    trainer.metrics.close()
+    trainer.scorer.close()
+    np.save(config.rl_config.output_dir + f"/tokens_rank{trainer.dist.rank}.npy", np.stack(tokens))
+"""
+
+
+def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: int, zero: bool = True,
+            loss_type: str = "dapo") -> Path:
+    from mindgrpo.config import dump_yaml
+
+    cfg = small_run_config(root / name, dataset, model, max_prompt_length=64, seq_length=80, max_tokens=8,
+                           verifiers=["toy_verifiers:text_length"], max_steps=2, save_ckpt_interval=1,
+                           save_max_ckpt_num=2, batch_size=BATCH * (2 // dp), loss_type=loss_type,
+                           num_iterations=2, resume_training=True, scale_rewards="batch")
+    cfg.actor_config.lr_schedule.learning_rate = 1e-4
+    cfg.actor_config.max_grad_norm = MAX_GRAD_NORM
+    cfg.actor_config.micro_batch_size = 4
+    cfg.ref_config.ref_model_batch_size = 8
+    cfg.generate_config.infer_model_batch_size = 8
+    for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
+        section.parallel_config.data_parallel = dp
+        section.parallel_config.model_parallel = mp
+    cfg.actor_config.parallel_config.optimizer_shard = zero
+    path = root / f"{name}.yaml"
+    dump_yaml(cfg, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
+    """Two GRPO steps (two passes each: the second sees a clipped ratio) on the same global batch of 4 prompts,
+    advantages scaled by the global batch's std: in one process with the ``dapo`` and the ``bnpo`` loss; at 2 x 2
+    with ZeRO-1 (``dapo``) and without (``bnpo``); and at 2 x 2 (ZeRO-1, ``dapo``) killed after its step-1
+    checkpoint, then resumed."""
+    root = tmp_path_factory.mktemp("dp_tp")
+    worker = root / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    model = demo_plain.model_dir
+
+    def config(name, **kw):
+        return _config(root, name, demo_prompts, model, **kw)
+
+    one = subprocess.run([sys.executable, worker, config("one", dp=1, mp=1),
+                          config("one_bnpo", dp=1, mp=1, loss_type="bnpo")],
+                         env=ENV, capture_output=True, text=True, timeout=1800)
+    assert one.returncode == 0, one.stderr[-3000:]
+
+    killed = config("killed", dp=2, mp=2)
+    proc = _msrun([worker, killed], root / "log_killed", workers=4, wait=False)
+    saved = root / "killed" / "checkpoints" / "step_00000001" / "manifest.json"
+    deadline = time.time() + 1800
+    while not saved.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    assert saved.exists(), "the 2 x 2 run wrote no step-1 checkpoint"
+    # a crashed job: msrun and its workers (which msrun starts in sessions of their own) die at once
+    os.killpg(proc.pid, signal.SIGKILL)
+    subprocess.run(["pkill", "-9", "-f", str(killed)], check=False)
+    proc.wait()
+    deadline = time.time() + 30
+    while subprocess.run(["pgrep", "-f", str(killed)], capture_output=True).returncode == 0:
+        assert time.time() < deadline, "the killed job's workers are still alive"
+        time.sleep(0.1)
+    assert not (root / "killed" / "checkpoints" / "step_00000002").exists()
+    _msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False, loss_type="bnpo"),
+            killed],
+           root / "log_2x2", workers=4, timeout=2400)
+    return root
+
+
+def _weights(run: Path, step: int) -> dict:
+    from safetensors.numpy import load_file
+
+    return load_file(run / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors")
+
+
+def _worst(a: dict, b: dict) -> float:
+    assert set(a) == set(b)
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@msrun_group
+@pytest.mark.parametrize("run,single", [("zero", "one"), ("no_zero", "one_bnpo")])
+def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain, run, single):
+    from mindgrpo.train.metrics import read_metrics
+
+    one, two = layout_runs / single, layout_runs / run
+    # the same completions: rank r's rows are rows [r * BATCH * G, (r + 1) * BATCH * G) of the one process's
+    single = np.load(one / "tokens_rank0.npy")
+    for rank in range(4):
+        part = np.load(two / f"tokens_rank{rank}.npy")
+        rows = part.shape[1]
+        np.testing.assert_array_equal(part, single[:, (rank // 2) * rows:(rank // 2 + 1) * rows],
+                                      err_msg=f"rank {rank}")
+    assert len({tuple(row) for row in single[0]}) > 1  # not a degenerate rollout
+    metrics_one, metrics_two = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    for a, b in zip(metrics_one, metrics_two):
+        assert a["grad_norm"] > 2 * MAX_GRAD_NORM, a["grad_norm"]  # every update is clipped
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["grpo/rewards/mean"] == pytest.approx(a["grpo/rewards/mean"], rel=1e-6)
+    worst = [_worst(_weights(one, step), _weights(two, step)) for step in (1, 2)]
+    print(f"2 x 2 ({run}) vs one process: max |weight difference| {worst[0]:.2e} after step 1, {worst[1]:.2e} "
+          f"after step 2; grad_norm {[round(m['grad_norm'], 4) for m in metrics_two]}")
+    assert max(worst) <= 1e-5, worst
+    from safetensors.numpy import load_file
+
+    initial = load_file(demo_plain.model_dir / "model.safetensors")
+    moved = _weights(one, 2)
+    assert max(float(np.abs(moved[k] - initial[k]).max()) for k in initial) > 1e-4  # the updates moved the weights
+
+
+@msrun_group
+def test_2x2_killed_and_resumed_equals_uninterrupted(layout_runs):
+    from mindgrpo.train.metrics import read_metrics
+
+    killed = layout_runs / "killed"
+    log = (layout_runs / "log_2x2" / "worker_0.log").read_text(errors="replace")
+    assert f"resumed from {killed / 'checkpoints' / 'step_00000001'} at step 1" in log
+    worst = _worst(_weights(layout_runs / "zero", 2), _weights(killed, 2))
+    assert worst <= 1e-6, worst
+    assert [r["step"] for r in read_metrics(killed / "metrics.jsonl")] == [1, 2]
+    layout = json.loads((killed / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
+    assert (layout["tp"], layout["dp"]) == (2, 2)

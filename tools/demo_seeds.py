@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""The embedded demo over several seeds: the figures the README quotes for it, from one command.
+
+    python tools/demo_seeds.py [--seeds 0 1 2 3 4] [--configs grpo nolearn dapo] [--out output/demo_seeds]
+
+Each (config, seed) is one `examples/grpo/main.py` run of 100 steps (`rl_config.seed=N`: data order and sampling;
+the warm-started demo model is the same), one after the other:
+
+    grpo      the demo as shipped (`python examples/grpo/main.py`)
+    nolearn   the same with the learning rate at 0: what the accuracy does when nothing is learned
+    dapo      examples/grpo/dapo_demo.yaml on the demo's model and data
+
+The accuracy is `grpo/rewards/accuracy_reward`, the sampled accuracy of a step's (first round of) completions. It
+prints, per config, the mean over the seeds of every 10 steps and of the whole run (the README's DAPO table), each
+seed's rise (the mean of the last 20 steps minus that of the first 20, the figure tests/test_demo_learns.py checks)
+and its wall time, and writes the same as `summary.md` under `--out`. One run takes one to a few minutes on 2 cores.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MAIN = REPO / "examples" / "grpo" / "main.py"
+METRIC = "grpo/rewards/accuracy_reward"
+CONFIGS = ("grpo", "nolearn", "dapo")
+
+
+def command(config: str, seed: int, run_dir: Path, demo_flags: Dict[str, str]) -> List[str]:
+    args = [sys.executable, str(MAIN)]
+    if config == "dapo":
+        args += ["--config", str(REPO / "examples" / "grpo" / "dapo_demo.yaml"),
+                 *(item for flag, value in demo_flags.items() for item in (f"--{flag}", value))]
+    args += [f"rl_config.seed={seed}", f"rl_config.output_dir={run_dir.resolve()}"]
+    return args + (["actor_config.lr_schedule.learning_rate=0"] if config == "nolearn" else [])
+
+
+def run(config: str, seed: int, out: Path, demo_flags: Dict[str, str]) -> Dict:
+    """One run; its per-step accuracy and wall time. A run folder that already holds 100 steps is read again."""
+    from mindgrpo.train.metrics import read_metrics
+
+    run_dir = out / f"{config}-seed{seed}"
+    metrics = run_dir / "metrics.jsonl"
+    start = time.perf_counter()
+    if not (metrics.exists() and len(read_metrics(metrics)) >= 100):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+        done = subprocess.run(command(config, seed, run_dir, demo_flags), cwd=out, capture_output=True, text=True,
+                              env=env)  # this checkout's mindgrpo, whichever one pip has installed
+        if done.returncode != 0:
+            raise RuntimeError(f"{config} seed {seed} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    rows = read_metrics(metrics)
+    return {"accuracy": [r[METRIC] for r in rows], "seconds": time.perf_counter() - start}
+
+
+def summary(results: Dict[str, Dict[int, Dict]]) -> str:
+    lines = []
+    steps = min(len(r["accuracy"]) for runs in results.values() for r in runs.values())
+    blocks = [(i, min(i + 10, steps)) for i in range(0, steps, 10)]
+    lines.append("| config | " + " | ".join(f"{a + 1}-{b}" for a, b in blocks) + " | all |")
+    lines.append("|---" * (len(blocks) + 2) + "|")
+    for config, runs in results.items():
+        acc = np.array([r["accuracy"][:steps] for r in runs.values()])  # [seeds, steps]
+        lines.append(f"| {config} | " + " | ".join(f"{acc[:, a:b].mean():.3f}" for a, b in blocks)
+                     + f" | {acc.mean():.3f} |")
+    lines.append("")
+    for config, runs in results.items():
+        rises = {seed: np.mean(r["accuracy"][80:100]) - np.mean(r["accuracy"][:20]) for seed, r in runs.items()}
+        each = ", ".join(f"seed {s}: {np.mean(runs[s]['accuracy'][:20]):.3f} -> "
+                         f"{np.mean(runs[s]['accuracy'][80:100]):.3f} ({rise:+.3f})" for s, rise in rises.items())
+        minutes = ", ".join(f"{r['seconds'] / 60:.1f}" for r in runs.values())
+        lines.append(f"{config}: first 20 -> last 20 steps, {each}; mean rise {np.mean(list(rises.values())):+.3f} "
+                     f"(min {min(rises.values()):+.3f}, max {max(rises.values()):+.3f}); minutes per run {minutes}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument("--out", type=Path, default=Path("output") / "demo_seeds",
+                        help="run folders and summary.md (a finished run found there is read, not run again)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(REPO))  # this checkout's mindgrpo
+    import mindgrpo  # noqa: F401  (quiet logging)
+    from mindgrpo.apps.train_cli import prepare_demo
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    demo_flags = prepare_demo(args.out / "demo")  # the demo model (cached) and its converted data
+    results: Dict[str, Dict[int, Dict]] = {}
+    for config in args.configs:
+        for seed in args.seeds:
+            results.setdefault(config, {})[seed] = run(config, seed, args.out, demo_flags)
+            print(f"{config} seed {seed}: {results[config][seed]['seconds'] / 60:.1f} min", flush=True)
+    text = summary(results)
+    tmp = args.out / f".summary.md.{os.getpid()}"
+    tmp.write_text(text)
+    os.replace(tmp, args.out / "summary.md")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
