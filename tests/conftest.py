@@ -1,4 +1,4 @@
-"""Shared pytest fixtures: the `../shared` reference folder and MindSpore execution modes."""
+"""Shared pytest fixtures: the generated reference folders, the GSM8K data and MindSpore execution modes."""
 import os
 from pathlib import Path
 
@@ -9,36 +9,46 @@ import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before 
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("MINDGRPO_SHARED", REPO.parent / "shared"))
+# The real GSM8K files (train.jsonl, test.jsonl): $MINDGRPO_GSM8K, else ../shared/data/gsm8k on a machine that has it.
+GSM8K = Path(os.environ.get("MINDGRPO_GSM8K", SHARED / "data" / "gsm8k"))
 
 
 # The path fixtures are session-scoped so module- and session-scoped fixtures (built models, trained runs) can use
 # them directly.
-def shared_path(*parts: str) -> Path:
-    """Path under ../shared, or skip the test cleanly when that folder (or file) is absent."""
-    path = SHARED.joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"reference data not found: {path}")
-    return path
+def generated_fixture(name: str) -> Path:
+    """A folder the project's generators make (tests/fixtures/cache.py): built on first use, then cached."""
+    from fixtures.cache import NAMES, fixture_root
+
+    assert name in NAMES, name
+    return fixture_root() / name
+
+
+def gsm8k_path() -> Path:
+    """The real GSM8K folder, or skip the test cleanly: the only data a test may lack (set MINDGRPO_GSM8K)."""
+    if not (GSM8K / "train.jsonl").is_file():
+        pytest.skip(f"GSM8K data not found: {GSM8K} (set MINDGRPO_GSM8K to a folder with train.jsonl, test.jsonl)")
+    return GSM8K
 
 
 @pytest.fixture(scope="session")
 def fixtures_dir() -> Path:
-    return shared_path("fixtures")
+    """The committed reference files: TRL's own losses and gradients (tools/make_trl_loss_reference.py)."""
+    return REPO / "tests" / "fixtures"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
-    return shared_path("fixtures", "tiny-qwen2.5")
+    return generated_fixture("tiny-qwen2.5")
 
 
 @pytest.fixture(scope="session")
 def tiny_untied_model_dir() -> Path:
-    return shared_path("fixtures", "tiny-qwen2.5-untied")
+    return generated_fixture("tiny-qwen2.5-untied")
 
 
 @pytest.fixture(scope="session")
 def vl_dir() -> Path:
-    return shared_path("fixtures", "tiny-qwen2.5-vl")
+    return generated_fixture("tiny-qwen2.5-vl")
 
 
 @pytest.fixture(scope="session")
@@ -50,7 +60,7 @@ def vl_reference(vl_dir) -> dict:
 
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
-    return shared_path("data", "gsm8k")
+    return gsm8k_path()
 
 
 def _kept_mode():

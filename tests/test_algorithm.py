@@ -40,7 +40,7 @@ def trl_tensors(inputs):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# Independent reference: the formulas of ../shared/fixtures/README.md (plus verl's KL estimators) in float64 torch.
+# Independent reference: TRL 1.16's GRPOTrainer._compute_loss formulas (and verl's KL estimators) in float64 torch.
 
 def torch_reference(logp, old, ref, adv, mask, *, loss_type, beta, epsilon_low, epsilon_high, kl_estimator="k3",
                     use_bias_correction_kl=True, max_completion_length=None, num_items=None, grad_accum_steps=1,

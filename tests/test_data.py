@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO, shared_path
+from conftest import REPO, generated_fixture, gsm8k_path
 from mindgrpo.data import mindrecord
 from mindgrpo.data import (PROMPT_TEMPLATES, DataError, PromptDataset, Record, RowError, convert_dataset, index_path,
                            read_dataset, render_prompt)
@@ -25,7 +25,7 @@ PEER_SUFFIX = '\nLet\'s think step by step and output the final answer after "##
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return load_tokenizer(shared_path("fixtures", "tiny-qwen2.5"))
+    return load_tokenizer(generated_fixture("tiny-qwen2.5"))
 
 
 def write_jsonl(path: Path, rows) -> Path:
@@ -79,7 +79,7 @@ def test_templates_render_documented_formats():
 
 @pytest.fixture(scope="module")
 def converted_gsm8k(tokenizer, tmp_path_factory):
-    gsm8k = shared_path("data", "gsm8k")
+    gsm8k = gsm8k_path()
     out = tmp_path_factory.mktemp("gsm8k")
     return {split: (gsm8k / f"{split}.jsonl",
                     convert(tokenizer, gsm8k / f"{split}.jsonl", out / split / f"{split}.mindrecord",
@@ -143,7 +143,7 @@ def test_each_bad_row_kind_is_reported_with_its_line(tokenizer, tmp_path, capfd)
     assert capfd.readouterr().err == ""  # no progress bar when stderr is not a tty, no MindSpore log noise
 
     # the command line prints the same lines on stderr and the summary on stdout
-    result = run_tool("--tokenizer_dir", shared_path("fixtures", "tiny-qwen2.5"), "--file_path", src,
+    result = run_tool("--tokenizer_dir", generated_fixture("tiny-qwen2.5"), "--file_path", src,
                       "--output_path", tmp_path / "cli.mindrecord", "--dataset_type", "gsm8k",
                       "--prompt_template", "gsm8k_hash", "--max_prompt_length", 128, "--seq_length", 256,
                       cwd=tmp_path)
@@ -159,8 +159,8 @@ def test_strict_aborts_and_leaves_nothing(tokenizer, tmp_path, capsys):
     with pytest.raises(DataError, match=rf"{src}:1501: invalid JSON.*nothing was written"):
         convert(tokenizer, src, out, strict=True)
     assert leftovers(out.parent) == []
-    code = tool_main("--vocab_path", shared_path("fixtures", "tiny-qwen2.5", "vocab.json"),
-                     "--merges_file_path", shared_path("fixtures", "tiny-qwen2.5", "merges.txt"),
+    code = tool_main("--vocab_path", generated_fixture("tiny-qwen2.5") / "vocab.json",
+                     "--merges_file_path", generated_fixture("tiny-qwen2.5") / "merges.txt",
                      "--file_path", src, "--output_path", out, "--dataset_type", "gsm8k", "--strict",
                      "--prompt_template", "gsm8k_hash", "--max_prompt_length", 128)
     captured = capsys.readouterr()
@@ -175,7 +175,7 @@ def test_cli_validates_flags(tmp_path, capsys):
         tool_main(*common)
     assert exit_.value.code == 2 and "tokenizer" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
-        tool_main(*common, "--tokenizer_dir", shared_path("fixtures", "tiny-qwen2.5"), "--max_prompt_length", 512,
+        tool_main(*common, "--tokenizer_dir", generated_fixture("tiny-qwen2.5"), "--max_prompt_length", 512,
                   "--seq_length", 512)
     assert exit_.value.code == 2 and "--seq_length" in capsys.readouterr().err
     assert tool_main(*common, "--tokenizer_dir", tmp_path) == 1 and "tokenizer.json" in capsys.readouterr().err
@@ -250,11 +250,11 @@ def test_kill_between_the_two_renames_leaves_no_readable_pair(tokenizer, tmp_pat
 
 
 def test_sigkill_mid_conversion_leaves_no_output(tokenizer, tmp_path):
-    gsm8k = shared_path("data", "gsm8k", "train.jsonl").read_text(encoding="utf-8")
+    gsm8k = (gsm8k_path() / "train.jsonl").read_text(encoding="utf-8")
     big = tmp_path / "big.jsonl"
     big.write_text(gsm8k * 12, encoding="utf-8")  # ~90k rows: tens of seconds of work
     out = tmp_path / "out" / "big.mindrecord"
-    proc = subprocess.Popen([sys.executable, str(TOOL), "--tokenizer_dir", shared_path("fixtures", "tiny-qwen2.5"),
+    proc = subprocess.Popen([sys.executable, str(TOOL), "--tokenizer_dir", generated_fixture("tiny-qwen2.5"),
                              "--file_path", big, "--output_path", out, "--dataset_type", "gsm8k"],
                             cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -179,11 +179,9 @@ def test_generate_completions_batches_by_length_and_restores_order():
 
 # ------------------------------------------------------------------------------------------------ model folders
 @pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
+def tiny_run(tmp_path_factory, tiny_model_dir, demo_plain):
     """A run folder as the trainer leaves it: config.yaml, a prompt MindRecord made with the `chatml` template,
     and checkpoints step 1 and 2 whose model part is written by the trainer's own writer (export_hf)."""
-    from conftest import shared_path
-
     import mindgrpo  # noqa: F401
     from mindgrpo.train.checkpoint import CheckpointManager
     from mindgrpo.config import GRPOConfig, dump_yaml
@@ -191,7 +189,7 @@ def tiny_run(tmp_path_factory):
     from mindgrpo.models import build_model, export_hf
     from mindgrpo.data.tokenizer import load_tokenizer
 
-    tiny, gsm8k = shared_path("fixtures", "tiny-qwen2.5"), shared_path("data", "gsm8k")
+    tiny, gsm8k = tiny_model_dir, demo_plain.test_jsonl.parent  # the demo's GSM8K-format test.jsonl
     run = tmp_path_factory.mktemp("run")
     lines = (gsm8k / "test.jsonl").read_text(encoding="utf-8").splitlines()[:8]
     (run / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -273,7 +271,8 @@ def test_evaluate_run_folder_matches_its_weights_as_hf_folder(tiny_run, tmp_path
 
 
 # ------------------------------------------------------------------------------------------------ end to end
-def test_cli_end_to_end_on_tiny_fixture(tiny_model_dir, gsm8k_dir, tmp_path):
+def test_cli_end_to_end_on_tiny_fixture(tiny_model_dir, demo_plain, tmp_path):
+    gsm8k_dir = demo_plain.test_jsonl.parent  # GSM8K-format rows
     out = tmp_path / "results" / "tiny.jsonl"
     done = subprocess.run(
         [sys.executable, str(TOOL), str(tiny_model_dir), str(gsm8k_dir / "test.jsonl"), "--limit", "4",

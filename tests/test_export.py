@@ -263,9 +263,9 @@ def test_vl_export_loads_in_transformers_with_same_logits(tmp_path, spelling):
     the processor files come along, so the image processor reproduces the fixture's pixel_values."""
     from PIL import Image
 
-    from conftest import shared_path
+    from conftest import generated_fixture
 
-    vl_dir = shared_path("fixtures", "tiny-qwen2.5-vl")
+    vl_dir = generated_fixture("tiny-qwen2.5-vl")
     ref = dict(np.load(vl_dir / "reference.npz"))
     real = ref["attention_mask"].astype(bool)
     scorer = _vl_model(vl_dir)
@@ -298,11 +298,11 @@ def test_vl_export_writes_the_live_weights_and_refuses_a_missing_tower(tmp_path)
     """After changing the language model's and the vision tower's weights, transformers' log-probs of the export
     are mindgrpo's (so the live weights of both are written), not the original folder's. A Qwen2.5-VL config needs
     the tower, a text config refuses one, and a tower the config does not describe is refused."""
-    from conftest import shared_path
+    from conftest import generated_fixture
     from mindgrpo.models.vision import vision_parameters
     from mindgrpo.models.weights import host_array
 
-    vl_dir = shared_path("fixtures", "tiny-qwen2.5-vl")
+    vl_dir = generated_fixture("tiny-qwen2.5-vl")
     ref = dict(np.load(vl_dir / "reference.npz"))
     scorer = _vl_model(vl_dir)
     config = read_hf_config(vl_dir)
@@ -329,7 +329,7 @@ def test_vl_export_writes_the_live_weights_and_refuses_a_missing_tower(tmp_path)
     with pytest.raises(ValueError, match="vision_config does not describe this vision tower: it says depth=3"):
         export_hf(scorer.model, tmp_path / "bad", hf_config={**config, "vision_config": {
             **config["vision_config"], "depth": 3, "fullatt_block_indexes": [1]}}, vision_tower=scorer.vision_tower)
-    text_dir = shared_path("fixtures", "tiny-qwen2.5")
+    text_dir = generated_fixture("tiny-qwen2.5")
     text_model = build_model(text_dir)
     with pytest.raises(ValueError, match="describes a text model .model_type='qwen2'. but the weights hold a vision"):
         export_hf(text_model, tmp_path / "bad", hf_config=read_hf_config(text_dir), vision_tower=scorer.vision_tower)

@@ -1,4 +1,4 @@
-"""Qwen2 build, strict Hugging Face weight loading and log-prob parity with transformers (../shared fixtures)."""
+"""Qwen2 build, strict Hugging Face weight loading and log-prob parity with transformers (tests/fixtures/)."""
 import contextlib
 import json
 import shutil
@@ -99,14 +99,15 @@ def test_read_hf_config_errors(tmp_path, tiny_model_dir):
     write(intermediate_size=None)
     with pytest.raises(ModelConfigError, match="missing key.*intermediate_size"):
         read_hf_config(tmp_path)
-    write(rope_theta=10000.0)
+    v5 = {"rope_type": "default", "rope_theta": good["rope_theta"]}  # transformers 5's spelling of the same theta
+    write(rope_theta=10000.0, rope_parameters=v5)
     with pytest.raises(ModelConfigError, match="rope_theta=10000.0 and rope_parameters.rope_theta=1000000.0"):
         read_hf_config(tmp_path)
     write(use_sliding_window=True)
     with pytest.raises(ModelConfigError, match="use_sliding_window"):
         read_hf_config(tmp_path)
     # transformers 5 writes only rope_parameters; 4.x (and real Qwen2.5) only rope_theta: both must give 1e6
-    for changes in ({"rope_theta": None}, {"rope_parameters": None}):
+    for changes in ({"rope_theta": None, "rope_parameters": v5}, {"rope_theta": 1e6, "rope_parameters": v5}, {}):
         write(**changes)
         assert qwen2_spec(read_hf_config(tmp_path)).rope_theta == 1e6
 

@@ -1,4 +1,4 @@
-"""Qwen2.5-VL's language model against transformers (../shared/fixtures/tiny-qwen2.5-vl): config in both spellings,
+"""Qwen2.5-VL's language model against transformers (tests/fixtures/make_qwen_vl.py): config in both spellings,
 weights in both layouts, M-RoPE positions (get_rope_index, decode positions) exactly, and full-sequence logits with
 the fixture's image features in place of the <|image_pad|> tokens, in PyNative and GRAPH mode."""
 import json
@@ -10,7 +10,6 @@ import mindgrpo  # noqa: F401  (before mindspore)
 from mindspore import Tensor
 from safetensors.numpy import load_file, save_file
 
-from conftest import shared_path
 from mindgrpo.models import CheckpointMismatchError, ModelConfigError, build_model, qwen2_spec, state_dict_hf
 from mindgrpo.models.full_sequence import FullSequenceForward
 from mindgrpo.models.image_tokens import image_source_rows
@@ -41,7 +40,7 @@ def _rope_index(spec, input_ids, grids, mask):
 
 
 # ------------------------------------------------------------------------------------------------ config
-def test_both_config_spellings_give_the_same_spec(vl_dir):
+def test_both_config_spellings_give_the_same_spec(vl_dir, tiny_model_dir):
     nested = json.loads((vl_dir / "config.json").read_text())
     hub = json.loads((vl_dir / "config_hub_style.json").read_text())
     assert "text_config" in nested and hub["rope_scaling"]["type"] == "mrope"
@@ -52,7 +51,7 @@ def test_both_config_spellings_give_the_same_spec(vl_dir):
         4100, 128, 2, 4, 2, 32, 1e6, False)
     assert spec.mrope_section == (4, 6, 6)
     assert (spec.image_token_id, spec.vision_start_token_id, spec.spatial_merge_size) == (4098, 4096, 2)
-    text = qwen2_spec(json.loads((shared_path("fixtures", "tiny-qwen2.5") / "config.json").read_text()))
+    text = qwen2_spec(json.loads((tiny_model_dir / "config.json").read_text()))
     assert text.mrope_section == () and text.image_token_id is None
 
 
@@ -109,7 +108,7 @@ def test_rope_index_equals_transformers(model, ref):
     np.testing.assert_array_equal(positions, ref["position_ids"])
     np.testing.assert_array_equal(deltas, ref["rope_deltas"])
     # the t/h/w rows differ at the image tokens: not plain RoPE in disguise
-    assert positions.shape == (3, 3, 69) and not np.array_equal(positions[0], positions[1])
+    assert positions.shape == (3, *ref["input_ids"].shape) and not np.array_equal(positions[0], positions[1])
 
     # text only (no grids): transformers' rule, cumsum(mask) - 1 with padding at 1, in all three rows
     text_ids, text_mask = ref["input_ids"][2:], ref["attention_mask"][2:]

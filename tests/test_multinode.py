@@ -11,7 +11,7 @@ import pytest
 
 from conftest import msrun_group
 from multinode import LAUNCHER, REPO, check_nodes, launch_nodes
-from test_trainer import make_config, prompts  # noqa: F401  (the shared GSM8K prompt fixture)
+from test_trainer import make_config, prompts  # noqa: F401  (the GSM8K-format prompt fixture)
 
 CONFIG = REPO / "examples" / "grpo" / "grpo_qwen2_5_32b_2nodes.yaml"
 PROBE = """
@@ -103,7 +103,9 @@ exec "{real}" "${{args[@]}}"
 def test_tp2_grpo_job_as_two_msrun_nodes_equals_one_process(tmp_path, prompts, tiny_model_dir):
     """The TP=2 GRPO job (examples/grpo/main.py on the tiny fixture, 2 steps, lr 1e-4) as two msrun "nodes" of one
     worker each ends with the weights of the same job with model_parallel 1 in one process, run at the same time.
-    Step 1 has all-zero rewards on this data (no update); step 2 is the first update, so the weights must have moved.
+    The reward is the completion's length (toy_verifiers.text_length): every step has advantages, so each update
+    follows a real gradient rather than AdamW's normalised rounding noise (a step without advantages has a KL
+    gradient of ~1e-8 that differs between layouts and that AdamW's first step scales up to lr), and the weights move.
     (1e-5 and lr 1e-4 as in tests/test_tensor_parallel.py: AdamW's first step turns float32 reassociation differences
     of the split matmuls into weight differences proportional to lr.)"""
     if shutil.which("msrun") is None:
@@ -115,6 +117,7 @@ def test_tp2_grpo_job_as_two_msrun_nodes_equals_one_process(tmp_path, prompts, t
     def config(name, model_parallel):
         cfg = make_config(tmp_path / name, prompts, tiny_model_dir, max_steps=2)
         cfg.actor_config.lr_schedule.learning_rate = 1e-4
+        cfg.reward_config.verifier_function, cfg.reward_config.verifier_weight = ["toy_verifiers:text_length"], [1.0]
         for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
             section.parallel_config.model_parallel = model_parallel
         dump_yaml(cfg, tmp_path / f"{name}.yaml")

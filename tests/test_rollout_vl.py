@@ -1,4 +1,4 @@
-"""The native rollout engine on Qwen2.5-VL prompts (../shared/fixtures/tiny-qwen2.5-vl): images in the prefill, M-RoPE
+"""The native rollout engine on Qwen2.5-VL prompts (tests/fixtures/make_qwen_vl.py): images in the prefill, M-RoPE
 positions, decode positions continuing from each prompt's rope_delta, on the plain and the fused decode paths.
 
 References: transformers' greedy ``generate`` with a KV cache (``greedy_new_tokens``) and its logits after each
@@ -7,7 +7,7 @@ prompt, both in the fixture; the decode steps' logits against the full-sequence 
 which recomputes every position with no cache. The image features are the fixture's reference ``image_embeds``
 (the vision tower is tested in tests/test_vision.py). The engine's graphs always run in GRAPH mode; the greedy test
 calls it from a PyNative and a GRAPH-mode process alike. The engines are module-scoped: 3 prompts x
-num_generations=2 make one bucket (prompt batch 4, batch 8, prompt length 72, 32 new tokens) per decode path.
+num_generations=2 make one bucket (prompt batch 4, batch 8, prompt length 80, 32 new tokens) per decode path.
 """
 import numpy as np
 import pytest
@@ -26,8 +26,8 @@ EOS, PAD = 4095, 4093
 IMAGE_PAD = 4098
 NEW_TOKENS = 8  # the fixture's greedy_new_tokens per row
 GREEDY = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, num_generations=2)
-ENGINE = dict(eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=72, max_batch_size=8,
-              prompt_length_buckets=(72,), min_decode_batch=2)
+ENGINE = dict(eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=80, max_batch_size=8,  # fixture width 76
+              prompt_length_buckets=(80,), min_decode_batch=2)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_greedy_rollout_reproduces_transformers(engines, ref, impl, ms_mode):
     np.testing.assert_array_equal(result.completion_ids, expected)
     assert result.completion_mask.all() and result.finish_reasons == ["length"] * 6
     key, = engine.buckets_built
-    assert (key.vision, key.prompt_batch, key.batch, key.prompt_len) == (True, 4, 8, 72)
+    assert (key.vision, key.prompt_batch, key.batch, key.prompt_len) == (True, 4, 8, ENGINE["max_prompt_length"])
 
     compiled = engine.compiled_graphs()
     order = [1, 2, 0]

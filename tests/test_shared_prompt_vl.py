@@ -1,4 +1,4 @@
-"""The shared-prompt and packed forwards with Qwen2.5-VL prompts (../shared/fixtures/tiny-qwen2.5-vl): each distinct
+"""The shared-prompt and packed forwards with Qwen2.5-VL prompts (tests/fixtures/make_qwen_vl.py): each distinct
 prompt once, its image features merged at its <|image_pad|> tokens and its 3-row M-RoPE positions, the completions
 at 1-row positions continuing from the prompt's rope_delta. Their completion log-probs and the gradient with respect
 to the image features equal those of FullSequenceForward (checked against transformers in tests/test_mrope.py) over

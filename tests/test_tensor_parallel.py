@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group  # noqa: E402
-from test_trainer import make_config, prompts  # noqa: E402,F401  (the shared GSM8K prompt fixture)
+from test_trainer import make_config, prompts  # noqa: E402,F401  (the GSM8K-format prompt fixture)
 from tiny_qwen import QWEN2_5_7B, make_skinny_qwen2, make_tiny_qwen2  # noqa: E402
 
 
@@ -164,6 +164,8 @@ def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
         cfg = make_config(root / name, prompts, tiny_model_dir, max_steps=3, save_ckpt_interval=1,
                           save_max_ckpt_num=3, loss_impl=loss_impl)
         cfg.actor_config.lr_schedule.learning_rate = 1e-4
+        # the completion's length: every step has advantages (see test_tp2_training_equals_tp1)
+        cfg.reward_config.verifier_function, cfg.reward_config.verifier_weight = ["toy_verifiers:text_length"], [1.0]
         if loss_impl == "fused":  # two rows of the 12-token limit per forward
             cfg.actor_config.max_tokens_per_micro_batch = 24
         for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
@@ -218,7 +220,9 @@ def _step(run: Path, step: int) -> dict:
 @pytest.mark.parametrize("loss", ["fused", "plain"])
 def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
     """The same GRPO steps with model_parallel 2 and 1, with the fused loss op (packed micro-batches) and the
-    plain-ops loss (padded ones). Step 1 has all-zero rewards on this data (no update); step 2 is the first update.
+    plain-ops loss (padded ones). The reward is the completion's length, so every update follows a real gradient
+    (a step without advantages has only a ~1e-8 KL gradient that differs between layouts, which AdamW's first step
+    scales up to lr).
     (AdamW's first step, lr * g / (|g| + eps), turns float32 reassociation differences of the split matmuls in
     near-zero gradient entries into weight differences proportional to lr: 1.2e-5 at lr 1e-3, hence lr 1e-4
     here.)"""
@@ -228,7 +232,7 @@ def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
                                                                            tp_runs / "tp2_plain")
     update = _assert_same_weights(_step(one, 2), _step(two, 2), atol=1e-5)
     last = _assert_same_weights(_final(one), _final(two), atol=1e-5)
-    print(f"{loss} loss, TP=2 vs TP=1: max |weight difference| {update:.2e} after the first update, {last:.2e} "
+    print(f"{loss} loss, TP=2 vs TP=1: max |weight difference| {update:.2e} after step 2, {last:.2e} "
           "after 3 steps")
     initial = state_dict_hf(build_model(tiny_model_dir, role="reference"))
     trained = _step(one, 2)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import shared_path
+from conftest import gsm8k_path
 from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
 CONVERSATIONS = [
@@ -21,7 +21,7 @@ CONVERSATIONS = [
 
 @pytest.fixture(scope="module")
 def gsm8k_texts():
-    gsm8k = shared_path("data", "gsm8k")
+    gsm8k = gsm8k_path()
     rows = [json.loads(line) for split in ("train", "test")
             for line in (gsm8k / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
     assert len(rows) == 7473 + 1319

@@ -13,17 +13,21 @@ from mindgrpo.train.metrics import METRIC_NAMES, read_metrics
 
 
 @pytest.fixture(scope="module")
-def prompts(tmp_path_factory, gsm8k_dir, tiny_model_dir):
-    """48 GSM8K test questions whose prompts (gsm8k_hash template) are 65..128 tokens long: one shape bucket, so
-    the step graphs compile once."""
+def prompts(tmp_path_factory, tiny_model_dir):
+    """48 GSM8K-format questions, each five of the demo's problems in a row (the answer is the last one's), whose
+    prompts (gsm8k_hash template) are 65..128 tokens long: one shape bucket, so the step graphs compile once."""
+    from mindgrpo.apps.demo.problems import make_problems
     from mindgrpo.data import convert_dataset, render_prompt
     from mindgrpo.data.tokenizer import load_tokenizer
 
     folder = tmp_path_factory.mktemp("prompts")
     tokenizer = load_tokenizer(tiny_model_dir)
-    rows = [line for line in (gsm8k_dir / "test.jsonl").read_text(encoding="utf-8").splitlines()
-            if 65 <= len(tokenizer.encode(render_prompt("gsm8k_hash", json.loads(line)["question"]))) <= 128][:48]
-    (folder / "small.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    problems, _ = make_problems(seed=1)
+    rows = [{"question": " ".join(p["question"] for p in problems[k:k + 5]), "answer": problems[k + 4]["answer"]}
+            for k in range(0, len(problems) - 4, 5)]
+    rows = [row for row in rows if 65 <= len(tokenizer.encode(render_prompt("gsm8k_hash", row["question"]))) <= 128]
+    assert len(rows) >= 48, len(rows)
+    (folder / "small.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows[:48]), encoding="utf-8")
     out = folder / "small.mindrecord"
     convert_dataset(folder / "small.jsonl", out, tokenizer, dataset_type="gsm8k",
                     prompt_template="gsm8k_hash", max_prompt_length=192, progress=False)
@@ -31,7 +35,7 @@ def prompts(tmp_path_factory, gsm8k_dir, tiny_model_dir):
 
 
 def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
-    """A small run on the GSM8K prompts of the fixture model (see conftest.small_run_config)."""
+    """A small run on the GSM8K-format prompts of the fixture model (see conftest.small_run_config)."""
     return small_run_config(out, dataset, model, **{"max_prompt_length": 192, "seq_length": 256, **rl},
                             max_tokens=12, verifiers=["accuracy_reward", "toy_verifiers:digit_share"])
 

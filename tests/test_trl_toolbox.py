@@ -152,24 +152,31 @@ def _case_loss(cfg, on_policy):
     return loss_fn
 
 
-def test_trl_live_when_installed(reference, tiny_model_dir):
-    """Re-make one stored case with TRL itself (skipped when trl does not import, as in the main environment)."""
+def test_trl_live_when_installed(reference, tiny_model_dir, fixtures_dir):
+    """Re-make one stored case of each committed file with TRL itself (skipped when trl does not import, as in the
+    main environment; tools/make_trl_loss_reference.py's venv has it)."""
     pytest.importorskip("trl", minversion="1.16.0")
     import importlib.util
+    import tempfile
 
     spec = importlib.util.spec_from_file_location("make_trl_loss_reference", TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    inputs = tool.make_inputs()
     x, cases = reference
-    np.testing.assert_array_equal(inputs["per_token_logps"].numpy(), x["per_token_logps"])
-    name = "is_sequence_mask_cap1.2_offpolicy"
-    settings = dict(tool.cases())[name]
-    import tempfile
-    with tempfile.TemporaryDirectory() as tmp:
-        loss, grad, _, weight = tool.trl_case(str(tiny_model_dir), tmp, settings, inputs)
-    assert abs(loss - float(cases[name]["loss"])) < 1e-7
-    np.testing.assert_allclose(grad, cases[name]["grad"], atol=1e-7, rtol=0)
+    grpo = np.load(fixtures_dir / "grpo_loss_reference.npz")
+    stored = (  # (inputs seed, the file's current log-probs, case name, its settings, loss, gradient)
+        (1, x["per_token_logps"], "is_sequence_mask_cap1.2_offpolicy", dict(tool.toolbox_cases()),
+         float(cases["is_sequence_mask_cap1.2_offpolicy"]["loss"]), cases["is_sequence_mask_cap1.2_offpolicy"]["grad"]),
+        (0, grpo["input/per_token_logps"], "dapo_beta0.04_epshigh0.28_nokliscorr", dict(tool.grpo_cases()),
+         float(grpo["case/dapo_beta0.04_epshigh0.28_nokliscorr/loss"]),
+         grpo["case/dapo_beta0.04_epshigh0.28_nokliscorr/grad_per_token_logps"]))
+    for seed, logps, name, settings, want_loss, want_grad in stored:
+        inputs = tool.make_inputs(seed)
+        np.testing.assert_array_equal(inputs["per_token_logps"].numpy(), logps)
+        with tempfile.TemporaryDirectory() as tmp:
+            loss, grad, _, _ = tool.trl_case(str(tiny_model_dir), tmp, settings[name], inputs)
+        assert abs(loss - want_loss) < 1e-7, name
+        np.testing.assert_allclose(grad, want_grad, atol=1e-7, rtol=0, err_msg=name)
 
 
 # ---- the entropy bonus against verl ------------------------------------------------------------------------------

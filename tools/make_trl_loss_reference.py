@@ -1,16 +1,21 @@
-"""Record TRL 1.16's own loss and gradient for the 2025-26 loss options: tests/fixtures/trl_toolbox_reference.npz.
+"""Record TRL 1.16's own GRPO losses and gradients: the committed tests/fixtures/grpo_loss_reference.npz and
+tests/fixtures/trl_toolbox_reference.npz.
 
-trl 1.16 needs transformers 5, which mindformers' pin (4.57.1) forbids, so this runs in a separate venv:
+trl 1.16 needs transformers 5, which mindformers' pin (4.57.1) forbids, so this runs in a separate venv (it may
+reuse the installed torch), on the project's generated tiny model (any Qwen2 folder does: the log-probs are fixed):
 
     bash tools/make_trl_venv.sh trlenv        # TRL 1.16.0 and transformers 5 over this Python's torch
-    trlenv/bin/python tools/make_trl_loss_reference.py [--model ../shared/fixtures/tiny-qwen2.5]
+    trlenv/bin/python tools/make_trl_loss_reference.py --model "$(python tests/fixtures/cache.py tiny-qwen2.5)"
 
-As ``../shared/fixtures/make_loss_reference.py`` does, each case builds a real ``trl.GRPOTrainer`` on the tiny model,
-replaces its log-prob forward (``_get_per_token_logps_and_entropies``) by a fixed leaf tensor, calls TRL's
-``_compute_loss`` on a hand-made batch and stores the loss and d loss / d per_token_logps (and / d entropies). The
-cases: CISPO, SAPO, ``top_entropy_quantile``, ``entropy_coef`` (token-mean reductions), GSPO
-(``importance_sampling_level="sequence"``) with each surrogate, and the four ``vllm_importance_sampling_mode`` values
-with two caps, off-policy (old log-probs given) and on-policy (none).
+Each case builds a real ``trl.GRPOTrainer`` on the tiny model, replaces its log-prob forward
+(``_get_per_token_logps_and_entropies``) by a fixed leaf tensor, calls TRL's ``_compute_loss`` on a hand-made batch
+and stores the loss and d loss / d per_token_logps (and / d entropies). ``grpo_loss_reference.npz`` (inputs seed 0):
+the clipped surrogate with each reduction (grpo, bnpo, dr_grpo, dapo) x beta {0, 0.04} x epsilon_high {0.2, 0.28},
+and for beta 0.04 with and without TRL's default ``use_bias_correction_kl``, 24 cases; per case ``loss``,
+``grad_per_token_logps`` and ``config`` = [beta, epsilon_low, epsilon_high, use_bias_correction_kl].
+``trl_toolbox_reference.npz`` (inputs seed 1): CISPO, SAPO, ``top_entropy_quantile``, ``entropy_coef`` (token-mean
+reductions), GSPO (``importance_sampling_level="sequence"``) with each surrogate, and the four
+``vllm_importance_sampling_mode`` values with two caps, off-policy (old log-probs given) and on-policy (none).
 
 The rollout-correction weight is made by TRL too: ``_generate_and_score_completions`` runs with its generation
 (``_generate``) returning the fixed completions and sampling log-probs, and its log-prob forward returning the fixed
@@ -37,10 +42,10 @@ B, G, T, P = 8, 4, 12, 6  # completions, generations per prompt (2 prompts x 4),
 EPS = 0.2
 
 
-def make_inputs() -> dict:
-    """Fixed random batch (seed 1). Log-ratios ~ N(0, 0.3) against the old policy, sampling log-probs ~ N(0, 0.15)
-    off the old ones, so clips, caps and masks all bind somewhere."""
-    g = torch.Generator().manual_seed(1)
+def make_inputs(seed: int) -> dict:
+    """Fixed random batch. Log-ratios ~ N(0, 0.3) against the old policy, sampling log-probs ~ N(0, 0.15) off the
+    old ones, so clips, caps and masks all bind somewhere."""
+    g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([12, 12, 9, 5, 12, 7, 3, 10])
     completion_mask = (torch.arange(T)[None] < lengths[:, None]).long()
     old = -(0.5 + 2.5 * torch.rand(B, T, generator=g))
@@ -57,7 +62,20 @@ def make_inputs() -> dict:
     }
 
 
-def cases() -> list[tuple[str, dict]]:
+def grpo_cases() -> list[tuple[str, dict]]:
+    """The clipped surrogate's grid, named ``<loss_type>_beta<beta>_epshigh<eps_high>[_nokliscorr]``."""
+    out = []
+    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+        for beta in (0.0, 0.04):
+            for eps_high in (0.2, 0.28):
+                for corr in ((True, False) if beta else (True,)):  # the flag does nothing without the KL term
+                    out.append((f"{loss_type}_beta{beta:g}_epshigh{eps_high:g}" + ("" if corr else "_nokliscorr"),
+                                {"on_policy": False, "loss_type": loss_type, "beta": beta, "epsilon_high": eps_high,
+                                 "use_bias_correction_kl": corr}))
+    return out
+
+
+def toolbox_cases() -> list[tuple[str, dict]]:
     """(name, mindgrpo settings). TRL's keys follow from them in ``trl_args``."""
     out = []
     for on_policy in (False, True):
@@ -93,7 +111,8 @@ def trl_args(settings: dict, out_dir: str) -> GRPOConfig:
     correction = settings.get("rollout_correction", "none")
     return GRPOConfig(
         output_dir=out_dir, loss_type=settings["loss_type"], beta=settings.get("beta", 0.0), epsilon=EPS,
-        epsilon_high=settings.get("epsilon_high", EPS), use_bias_correction_kl=True,
+        epsilon_high=settings.get("epsilon_high", EPS),
+        use_bias_correction_kl=settings.get("use_bias_correction_kl", True),
         importance_sampling_level=settings.get("importance_sampling_level", "token"),
         top_entropy_quantile=settings.get("top_entropy_quantile", 1.0),
         entropy_coef=settings.get("entropy_coef", 0.0),
@@ -159,35 +178,47 @@ def trl_case(model_dir: str, out_dir: str, settings: dict, inputs: dict):
     return loss.item(), logps.grad.numpy().copy(), grad_entropy, weight
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default=str(ROOT.parent / "shared" / "fixtures" / "tiny-qwen2.5"))
-    ap.add_argument("--out", default=str(ROOT / "tests" / "fixtures" / "trl_toolbox_reference.npz"))
-    ap.add_argument("--only", default="", help="run just this case and print it (nothing is written)")
-    a = ap.parse_args()
+def record(model: str, out_path: str, seed: int, named_cases: list, only: str) -> None:
+    """Run `named_cases` through TRL and write them to `out_path` (or print just `only`)."""
     torch.manual_seed(0)
-    inputs = make_inputs()
+    inputs = make_inputs(seed)
     out = {f"input/{k}": v.numpy() for k, v in inputs.items()}
     out["input/epsilon_low"] = np.float32(EPS)
     names = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, settings in cases():
-            if a.only and name != a.only:
+        for name, settings in named_cases:
+            if only and name != only:
                 continue
-            loss, grad, grad_entropy, weight = trl_case(a.model, tmp, settings, inputs)
+            loss, grad, grad_entropy, weight = trl_case(model, tmp, settings, inputs)
             out[f"case/{name}/loss"] = np.float32(loss)
-            out[f"case/{name}/grad"] = grad.astype(np.float32)
-            out[f"case/{name}/grad_entropy"] = grad_entropy.astype(np.float32)
-            out[f"case/{name}/correction_weight"] = weight.astype(np.float32)
-            out[f"case/{name}/settings"] = np.array(json.dumps(settings))
+            if "use_bias_correction_kl" in settings:  # the grpo grid, in the layout tests/test_algorithm.py reads
+                out[f"case/{name}/grad_per_token_logps"] = grad.astype(np.float32)
+                out[f"case/{name}/config"] = np.array([settings["beta"], EPS, settings["epsilon_high"],
+                                                      settings["use_bias_correction_kl"]], np.float32)
+            else:
+                out[f"case/{name}/grad"] = grad.astype(np.float32)
+                out[f"case/{name}/grad_entropy"] = grad_entropy.astype(np.float32)
+                out[f"case/{name}/correction_weight"] = weight.astype(np.float32)
+                out[f"case/{name}/settings"] = np.array(json.dumps(settings))
             names.append(name)
             print(f"{name:48s} loss={loss:+.8f} |grad|_1={np.abs(grad).sum():.6f}")
-    if a.only:
+    if only:
         return
     out["cases"] = np.array(names)
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(a.out, **out)
-    print(f"wrote {len(names)} cases to {a.out}")
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out_path, **out)
+    print(f"wrote {len(names)} cases to {out_path}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="a Qwen2 folder with its tokenizer (the generated tiny-qwen2.5)")
+    ap.add_argument("--out-dir", default=str(ROOT / "tests" / "fixtures"))
+    ap.add_argument("--only", default="", help="run just this case and print it (nothing is written)")
+    a = ap.parse_args()
+    out_dir = Path(a.out_dir)
+    record(a.model, str(out_dir / "grpo_loss_reference.npz"), 0, grpo_cases(), a.only)
+    record(a.model, str(out_dir / "trl_toolbox_reference.npz"), 1, toolbox_cases(), a.only)
 
 
 if __name__ == "__main__":
