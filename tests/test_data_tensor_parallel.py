@@ -9,10 +9,8 @@ With ZeRO-1 on and off, and for a 2 x 2 run killed after its first checkpoint an
 """
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group, small_run_config  # noqa: E402
-from test_tensor_parallel import _msrun  # noqa: E402
+from msrun_jobs import kill_when_saved, msrun  # noqa: E402
 
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 BATCH = 2  # prompts per data-parallel rank
@@ -52,13 +50,13 @@ for path in sys.argv[1:]:
 
 
 def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: int, zero: bool = True,
-            loss_type: str = "dapo") -> Path:
+            loss_type: str = "dapo", resume: bool = False) -> Path:
     from mindgrpo.config import dump_yaml
 
     cfg = small_run_config(root / name, dataset, model, max_prompt_length=64, seq_length=80, max_tokens=8,
                            verifiers=["toy_verifiers:text_length"], max_steps=2, save_ckpt_interval=1,
                            save_max_ckpt_num=2, batch_size=BATCH * (2 // dp), loss_type=loss_type,
-                           num_iterations=2, resume_training=True, scale_rewards="batch")
+                           num_iterations=2, resume_training=resume, scale_rewards="batch")
     cfg.actor_config.lr_schedule.learning_rate = 1e-4
     cfg.actor_config.max_grad_norm = MAX_GRAD_NORM
     cfg.actor_config.micro_batch_size = 4
@@ -68,7 +66,7 @@ def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: i
         section.parallel_config.data_parallel = dp
         section.parallel_config.model_parallel = mp
     cfg.actor_config.parallel_config.optimizer_shard = zero
-    path = root / f"{name}.yaml"
+    path = root / f"{name}{'_resumed' if resume else ''}.yaml"
     dump_yaml(cfg, path)
     return path
 
@@ -93,24 +91,13 @@ def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     assert one.returncode == 0, one.stderr[-3000:]
 
     killed = config("killed", dp=2, mp=2)
-    proc = _msrun([worker, killed], root / "log_killed", workers=4, wait=False)
-    saved = root / "killed" / "checkpoints" / "step_00000001" / "manifest.json"
-    deadline = time.time() + 1800
-    while not saved.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert saved.exists(), "the 2 x 2 run wrote no step-1 checkpoint"
-    # a crashed job: msrun and its workers (which msrun starts in sessions of their own) die at once
-    os.killpg(proc.pid, signal.SIGKILL)
-    subprocess.run(["pkill", "-9", "-f", str(killed)], check=False)
-    proc.wait()
-    deadline = time.time() + 30
-    while subprocess.run(["pgrep", "-f", str(killed)], capture_output=True).returncode == 0:
-        assert time.time() < deadline, "the killed job's workers are still alive"
-        time.sleep(0.1)
+    proc = msrun([worker, killed], root / "log_killed", workers=4, wait=False)
+    kill_when_saved(proc, root / "killed" / "checkpoints" / "step_00000001" / "manifest.json", str(killed),
+                    timeout=1800)
     assert not (root / "killed" / "checkpoints" / "step_00000002").exists()
-    _msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False, loss_type="bnpo"),
-            killed],
-           root / "log_2x2", workers=4, timeout=2400)
+    msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False, loss_type="bnpo"),
+           config("killed", dp=2, mp=2, resume=True)],
+          root / "log_2x2", workers=4, timeout=2400)
     return root
 
 

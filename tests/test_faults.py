@@ -9,7 +9,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, msrun_group, small_run_config
+from msrun_jobs import free_port
 from mindgrpo.config import GRPOConfig, dump_yaml
 from mindgrpo.train.metrics import read_metrics
 
@@ -459,12 +459,6 @@ def test_empty_or_too_small_dataset_is_refused(tmp_path, demo_plain, no_model_bu
 
 # ---- data parallel under msrun --------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _data_parallel(cfg: GRPOConfig, ranks: int) -> GRPOConfig:
     for group in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
         if hasattr(group, "parallel_config"):
@@ -498,7 +492,7 @@ def test_msrun_two_ranks_train_in_lockstep(tmp_path, prompts, demo_plain):
                  data_position=np.array([trainer.dataset.state_dict()[k] for k in ("epoch", "position")]))
         """))
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]
+           f"--master_port={free_port()}", f"--log_dir={tmp_path / 'msrun_log'}", "--join=True", str(script)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=ENV)
     logs = "".join(p.read_text(errors="replace")[-2000:] for p in (tmp_path / "msrun_log").glob("*.log"))
     assert done.returncode == 0, logs
@@ -548,7 +542,7 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_res
     script.write_text(WORKER.replace("MAIN", repr(str(REPO / "examples" / "grpo" / "main.py"))))
     logs = tmp_path / "msrun_log"
     subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-                    f"--master_port={_free_port()}", f"--log_dir={logs}", str(script), "wrap", str(tmp_path),
+                    f"--master_port={free_port()}", f"--log_dir={logs}", str(script), "wrap", str(tmp_path),
                     "--config", str(cfg_path)],
                    env=ENV, check=True, timeout=120)  # returns at once: workers run detached
     metrics, deadline = tmp_path / "dp" / "metrics.jsonl", time.time() + 900
@@ -586,7 +580,7 @@ def test_msrun_worker_killed_the_other_exits_within_two_minutes_then_the_run_res
     end = saved + 2
     logs = tmp_path / "msrun_resume_log"
     done = subprocess.run(["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-                           f"--master_port={_free_port()}", f"--log_dir={logs}", "--join=True",
+                           f"--master_port={free_port()}", f"--log_dir={logs}", "--join=True",
                            str(REPO / "examples" / "grpo" / "main.py"), "--config", str(cfg_path),
                            "--resume_training", f"rl_config.max_steps={end}"],
                           env=ENV, capture_output=True, text=True, timeout=900)

@@ -3,7 +3,6 @@ between layouts: pure numpy checks of the partition and the resharding, a one-pr
 and a 2-worker msrun run (ZeRO on vs off, and a real TP=2 reduction) in PyNative and GRAPH."""
 import json
 import os
-import socket
 import subprocess
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import msrun_group
+from msrun_jobs import free_port
 from mindgrpo.train.checkpoint import save_arrays
 from mindgrpo.models.shard_layout import TPLayout
 from mindgrpo.train.optim_state import layout_record, load_resharded, owner_ranks, rank_metadata
@@ -322,19 +322,13 @@ np.savez(f"{out}/result_{rank}.npz", **{k: np.asarray(v.asnumpy() if hasattr(v, 
 '''
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def msrun_results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("zero")
     script = tmp / "worker.py"
     script.write_text(WORKER)
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", f"--log_dir={tmp / 'log'}", "--join=True", str(script), str(tmp)]
+           f"--master_port={free_port()}", f"--log_dir={tmp / 'log'}", "--join=True", str(script), str(tmp)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=dict(os.environ), cwd=tmp)
     logs = "".join(p.read_text(errors="replace")[-3000:] for p in (tmp / "log").glob("*.log"))
     assert done.returncode == 0, logs

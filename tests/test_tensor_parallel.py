@@ -13,11 +13,8 @@
 """
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -29,27 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group  # noqa: E402
+from msrun_jobs import kill_when_saved, msrun  # noqa: E402
 from test_trainer import make_config, prompts  # noqa: E402,F401  (the GSM8K-format prompt fixture)
 from tiny_qwen import QWEN2_5_7B, make_skinny_qwen2, make_tiny_qwen2  # noqa: E402
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _msrun(args, log_dir: Path, *, workers: int = 2, wait: bool = True, timeout: int = 900):
-    cmd = ["msrun", f"--worker_num={workers}", f"--local_worker_num={workers}", "--master_addr=127.0.0.1",
-           f"--master_port={_free_port()}", f"--log_dir={log_dir}", "--join=True", *map(str, args)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-    if not wait:
-        return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                start_new_session=True)
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    logs = "".join(p.read_text(errors="replace")[-3000:] for p in sorted(log_dir.glob("*.log")))
-    assert done.returncode == 0, logs
-    return logs
 
 
 # ---------------------------------------------------------------------------------------------- slicing rule
@@ -101,7 +80,7 @@ def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
     """Tied embeddings with 2 KV heads in PyNative; untied with 1 KV head (replicated on both ranks) in GRAPH."""
     tied, kv = (True, 2) if mode == "pynative" else (False, 1)
     model = make_tiny_qwen2(tmp_path / "model", kv_heads=kv, tied=tied)
-    _msrun([REPO / "tests" / "tp_worker.py", model, mode, tmp_path], tmp_path / "log")
+    msrun([REPO / "tests" / "tp_worker.py", model, mode, tmp_path], tmp_path / "log")
     for rank in (0, 1):
         result = json.loads((tmp_path / f"rank{rank}_{mode}.json").read_text())
         assert result["logp"] <= 1e-5, result
@@ -180,25 +159,13 @@ def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
         assert done.returncode == 0, done.stderr[-3000:]
 
     one_process(config("tp1", 1), config("tp1_plain", 1, "plain"))
-    _msrun([worker, config("tp2", 2), config("tp2_plain", 2, "plain")], root / "log_tp2")
+    msrun([worker, config("tp2", 2), config("tp2_plain", 2, "plain")], root / "log_tp2")
 
     killed = config("killed", 2)
-    proc = _msrun([worker, killed], root / "log_killed", wait=False)
-    saved = root / "killed" / "checkpoints" / "step_00000002" / "manifest.json"
-    deadline = time.time() + 900
-    while not saved.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert saved.exists(), "the TP=2 run wrote no step-2 checkpoint"
-    # a crashed job: msrun and its workers (which msrun starts in sessions of their own) die at once
-    os.killpg(proc.pid, signal.SIGKILL)
-    subprocess.run(["pkill", "-9", "-f", str(killed)], check=False)
-    proc.wait()
-    deadline = time.time() + 30
-    while subprocess.run(["pgrep", "-f", str(killed)], capture_output=True).returncode == 0:
-        assert time.time() < deadline, "the killed job's workers are still alive"
-        time.sleep(0.1)
+    proc = msrun([worker, killed], root / "log_killed", wait=False)
+    kill_when_saved(proc, root / "killed" / "checkpoints" / "step_00000002" / "manifest.json", str(killed))
     assert not (root / "killed" / "checkpoints" / "step_00000003").exists()
-    _msrun([worker, killed, "rl_config.resume_training=true"], root / "log_resumed")
+    msrun([worker, killed, "rl_config.resume_training=true"], root / "log_resumed")
 
     # the TP=2 run's step-2 checkpoint, resharded to one rank
     import shutil
@@ -296,7 +263,7 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int)
     ]
     for section in ("actor_config", "ref_config", "generate_config"):
         overrides += [f"{section}.parallel_config.data_parallel={dp}", f"{section}.parallel_config.model_parallel={mp}"]
-    _msrun([REPO / "examples" / "grpo" / "main.py", "--config", recipe, *overrides], tmp_path / "log",
+    msrun([REPO / "examples" / "grpo" / "main.py", "--config", recipe, *overrides], tmp_path / "log",
            workers=dp * mp, timeout=3600)
     from mindgrpo.train.metrics import read_metrics
 
@@ -308,7 +275,7 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int)
 
 
 @msrun_group
-def test_the_7b_recipe_runs_as_a_cpu_twin_under_msrun(tmp_path, demo_plain, demo_prompts):
+def test_the_7b_recipe_runs_as_a_cpu_twin_undermsrun(tmp_path, demo_plain, demo_prompts):
     """The 7B recipe's code path (shared prompt, the native engine on tensor-parallel slices, ZeRO-1 setting,
     recompute, the reference model) trains at Qwen2.5-7B's depth and vocabulary under msrun, with model_parallel 2
     and data_parallel 1 (2 workers: the default suite's budget)."""
