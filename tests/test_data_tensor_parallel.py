@@ -74,8 +74,8 @@ def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: i
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     """Two GRPO steps (two passes each: the second sees a clipped ratio) on the same global batch of 4 prompts,
-    advantages scaled by the global batch's std: in one process with the ``dapo`` and the ``bnpo`` loss; at 2 x 2
-    with ZeRO-1 (``dapo``) and without (``bnpo``); and at 2 x 2 (ZeRO-1, ``dapo``) killed after its step-1
+    advantages scaled by the global batch's std: in one process and at 2 x 2 with ZeRO-1 and
+    without (``dapo``: the global token mean); and at 2 x 2 (ZeRO-1, ``dapo``) killed after its step-1
     checkpoint, then resumed."""
     root = tmp_path_factory.mktemp("dp_tp")
     worker = root / "worker.py"
