@@ -178,6 +178,18 @@ def test_on_policy_ratio_is_one_but_carries_the_gradient(impl):
     assert np.abs(grad.asnumpy()).max() > 0
 
 
+def _micro_batch_loss_and_grad(batch, rows, settings, grad_accum_steps, dp_size):
+    """The loss of the micro-batch ``rows`` of ``batch`` (log-probs, old, ref, advantages, mask) as one rank of
+    ``dp_size`` reduces it, ``num_items`` counting the whole batch's tokens, and its gradient by the log-probs."""
+    logp, old, ref, adv, mask = batch
+    num_items = Tensor(np.float32(mask.sum()))
+    fn = ms.value_and_grad(lambda lp: grpo_loss(
+        lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
+        num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
+    loss, grad = fn(Tensor(logp[rows]))
+    return float(loss), grad.asnumpy()
+
+
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
 def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
@@ -185,14 +197,10 @@ def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
     logp, old, ref, adv, mask = random_batch(11, 8, 10)
     settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
                             max_completion_length=10, impl=impl)
-    num_items = Tensor(np.float32(mask.sum()))
+    batch = (logp, old, ref, adv, mask)
 
     def value_and_grad(rows, grad_accum_steps, dp_size):
-        fn = ms.value_and_grad(lambda lp: grpo_loss(
-            lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
-            num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
-        loss, grad = fn(Tensor(logp[rows]))
-        return float(loss), grad.asnumpy()
+        return _micro_batch_loss_and_grad(batch, rows, settings, grad_accum_steps, dp_size)
 
     full_loss, full_grad = value_and_grad(slice(0, 8), 1, 1)
     world, accum = 2, 2
@@ -218,13 +226,10 @@ def test_every_reduction_is_the_same_on_one_rank_and_on_two(impl, loss_type):
     logp, old, ref, adv, mask = random_batch(13, 8, 10)
     settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
                             max_completion_length=10, impl=impl)
-    num_items = Tensor(np.float32(mask.sum()))
+    batch = (logp, old, ref, adv, mask)
 
     def gradient(rows, grad_accum_steps, dp_size):
-        fn = ms.grad(lambda lp: grpo_loss(
-            lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
-            num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
-        return fn(Tensor(logp[rows])).asnumpy()
+        return _micro_batch_loss_and_grad(batch, rows, settings, grad_accum_steps, dp_size)[1]
 
     one, two = np.zeros_like(logp), np.zeros_like(logp)
     for micro in range(4):
