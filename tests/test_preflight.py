@@ -168,11 +168,21 @@ def test_bad_input_as_the_user_runs_it(row, entry, tmp_path, demo_plain, demo_pr
     _assert_refused(f"{row} ({entry})", done.returncode, done.stderr, pattern, run, time.perf_counter() - start)
 
 
-def test_demo_refuses_a_bad_override_before_making_its_data(tmp_path):
-    """Without --config (the embedded demo) a bad override stops before the demo's model and data are made."""
-    done = subprocess.run([sys.executable, str(MAIN), "rl_config.num_generations=many"], cwd=tmp_path,
+DEMO_ROWS = {
+    "bad override": ("rl_config.num_generations=many", r"'rl_config\.num_generations' must be an integer"),
+    "misspelled verifier": ("reward_config.verifier_function=[accuracy_rewrad, hash_format_reward]", r"accuracy_rewrad"),
+}
+
+
+@pytest.mark.parametrize("row", list(DEMO_ROWS))
+def test_demo_refuses_bad_input_before_making_its_data(tmp_path, row):
+    """Without --config (the embedded demo) a bad override or a misspelled verifier stops before the demo's model
+    and data are made."""
+    override, pattern = DEMO_ROWS[row]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, str(MAIN), override], cwd=tmp_path,
                           capture_output=True, text=True, timeout=600,
                           env={**os.environ, "MINDGRPO_CACHE": str(tmp_path / "cache")})
-    _assert_refused("demo override", done.returncode, done.stderr,
-                    r"'rl_config\.num_generations' must be an integer", tmp_path / "output", 0.0)
+    _assert_refused(f"demo {row}", done.returncode, done.stderr, pattern, tmp_path / "output",
+                    time.perf_counter() - start)
     assert not (tmp_path / "cache" / "demo").exists()

@@ -56,8 +56,13 @@ def run_inputs(args: argparse.Namespace) -> Tuple[Path, List[str], dict]:
                           "with the source checkout): pass --config grpo_config.yaml")
     run_dir = Path("output") / "demo"
     overrides = [f"rl_config.output_dir={run_dir.resolve()}", *overrides]
-    # Keys and values first: a bad override must not wait for the demo's model and data to be made (or leave them).
-    validate(load_config(DEMO_CONFIG, overrides, flags), check_paths=False)
+    # Keys, values, device and verifiers first: a bad override or a misspelled verifier must not wait for the demo's
+    # model and data to be made (or leave them behind).
+    from mindgrpo.train.preflight import check_settings
+
+    config = load_config(DEMO_CONFIG, overrides, flags)
+    validate(config, check_paths=False)
+    check_settings(config).close()
     for flag, value in prepare_demo(run_dir).items():
         flags[flag] = flags[flag] or value
     return DEMO_CONFIG, overrides, flags

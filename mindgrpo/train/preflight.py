@@ -43,9 +43,7 @@ def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
     from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
     validate(config, check_paths=check_paths)
-    check_micro_batches(config)
-    check_device(config.rl_config.device_target)
-    scorer = reward_scorer(config)
+    scorer = check_settings(config)
     try:
         world_size = launched_world_size()
         check_launch(config, world_size)
@@ -61,6 +59,15 @@ def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
         scorer.close()  # its verifier worker processes, if it started any
         raise
     return RunInputs(tokenizer, dataset, scorer)
+
+
+def check_settings(config: "GRPOConfig") -> "RewardScorer":
+    """The checks that read no input file: the micro-batch shapes, the device and the verifiers. The embedded demo
+    runs them (with :func:`validate` without paths) before it makes its model and data, so that a misspelled
+    verifier leaves nothing behind. Returns the scorer (close it if the run goes no further)."""
+    check_micro_batches(config)
+    check_device(config.rl_config.device_target)
+    return reward_scorer(config)
 
 
 def launched_world_size() -> int:
