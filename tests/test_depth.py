@@ -1,16 +1,16 @@
-"""Qwen2.5's real depth and vocabulary in GRAPH mode, on "skinny" models (``tiny_qwen.make_skinny_qwen2``: the real
+"""Qwen2.5's real depth and vocabulary, on "skinny" models (``tiny_qwen.make_skinny_qwen2``: the real
 layer count, heads and untied 152,064-row vocabulary, hidden 4 per head, intermediate 32), made locally.
 
 A compiled loop over every parameter unrolls into nested calls, and MindSpore stops compiling at a call depth of
 1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
 
-* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters): a GRPO step in GRAPH mode (rollout, reference,
-  update, checkpoint), then a second trainer resumes from that checkpoint and runs step 2 in PyNative;
+* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, reference,
+  update, checkpoint), then a second trainer resumes from that checkpoint and runs step 2. In PyNative: the same
+  twin runs its GRPO steps in GRAPH mode under msrun at 2 x 2 (``tests/test_tensor_parallel.py``; compiling its
+  28-layer graphs takes minutes of the default suite, and one rank runs the same layer code as TP=2);
 * Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
   over all of its parameters, against numpy; and (slow: a 64-layer forward and backward take minutes to compile)
   one GRPO step.
-
-The 7B twin under msrun with tensor parallelism is in ``tests/test_tensor_parallel.py``.
 """
 import sys
 from pathlib import Path
@@ -56,11 +56,8 @@ def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, d
 
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
     run = tmp_path / "run"
-    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1)).train()
+    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative")).train()
     assert largest_change(model, checkpoint(run, 1)) > 1e-5  # the update ran
-    # The resumed step runs in PyNative: GRAPH at this depth is the first step's (a second GRAPH trainer would
-    # compile the same graphs again, about 150 s on 2 cores); what resume adds (reading the checkpoint of 339
-    # tensors and the optimizer state of a 152,064-row vocabulary) does not depend on the mode.
     GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
                               resume_training=True, mode="pynative")).train()
     rows = read_metrics(run / "metrics.jsonl")
