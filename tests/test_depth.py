@@ -5,9 +5,9 @@ A compiled loop over every parameter unrolls into nested calls, and MindSpore st
 1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
 
 * Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, reference,
-  update, checkpoint), then a second trainer resumes from that checkpoint and runs step 2. In PyNative: the same
-  twin runs its GRPO steps in GRAPH mode under msrun at 2 x 2 (``tests/test_tensor_parallel.py``; compiling its
-  28-layer graphs takes minutes of the default suite, and one rank runs the same layer code as TP=2);
+  update, checkpoint), then a second trainer resumes from that checkpoint and runs step 2, both in PyNative.
+  GRAPH mode at this depth is the 2 x 2 msrun twin's (``tests/test_tensor_parallel.py``: the same layer code;
+  compiling the 28-layer graphs again here would add minutes to the default suite);
 * Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
   over all of its parameters, against numpy; and (slow: a 64-layer forward and backward take minutes to compile)
   one GRPO step.

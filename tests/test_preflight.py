@@ -170,7 +170,8 @@ def test_bad_input_as_the_user_runs_it(row, entry, tmp_path, demo_plain, demo_pr
 
 DEMO_ROWS = {
     "bad override": ("rl_config.num_generations=many", r"'rl_config\.num_generations' must be an integer"),
-    "misspelled verifier": ("reward_config.verifier_function=[accuracy_rewrad, hash_format_reward]", r"accuracy_rewrad"),
+    "misspelled verifier": ("reward_config.verifier_function=[accuracy_rewrad, hash_format_reward]",
+                            r"accuracy_rewrad"),
 }
 
 
