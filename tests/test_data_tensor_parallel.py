@@ -5,7 +5,9 @@ same step in one process taking both ranks' prompts (``batch_size`` x 2) sample 
 completions are drawn by its place in the global batch, not by rank), normalise the loss alike (``dapo``'s token
 mean counts the tokens of every data-parallel rank) and clip the same global gradient norm (summed over the TP and
 averaged over the DP groups with the real collectives; ``max_grad_norm`` is set low enough that every step clips).
-With ZeRO-1 on and off, and for a 2 x 2 run killed after its first checkpoint and resumed.
+With ZeRO-1 and the fused loss op, and without ZeRO-1 and with the plain-ops loss; for a 2 x 2 run killed after
+its first checkpoint and resumed; and for its step-1 checkpoint resumed in one process (resharded from 2 x 2 to
+1 x 1). The 2 x 2 checkpoints load in transformers, and a rank holds its share of the model state.
 """
 import json
 import os
@@ -46,16 +48,20 @@ for path in sys.argv[1:]:
     trainer.metrics.close()
     trainer.scorer.close()
     np.save(config.rl_config.output_dir + f"/tokens_rank{trainer.dist.rank}.npy", np.stack(tokens))
+    worker = trainer.worker  # the bytes of this rank's weights, gradient accumulators and AdamW moments
+    state = sum(p.nbytes for p in (*worker.params, *worker._accumulators, *worker.optimizer.exp_avg,
+                                   *worker.optimizer.exp_avg_sq))
+    np.save(config.rl_config.output_dir + f"/state_rank{trainer.dist.rank}.npy", np.array(state))
 """
 
 
 def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: int, zero: bool = True,
-            loss_type: str = "dapo", resume: bool = False) -> Path:
+            loss_impl: str = "fused", resume: bool = False) -> Path:
     from mindgrpo.config import dump_yaml
 
     cfg = small_run_config(root / name, dataset, model, max_prompt_length=64, seq_length=80, max_tokens=8,
                            verifiers=["toy_verifiers:text_length"], max_steps=2, save_ckpt_interval=1,
-                           save_max_ckpt_num=2, batch_size=BATCH * (2 // dp), loss_type=loss_type,
+                           save_max_ckpt_num=2, batch_size=BATCH * (2 // dp), loss_type="dapo", loss_impl=loss_impl,
                            num_iterations=2, resume_training=resume, scale_rewards="batch")
     cfg.actor_config.lr_schedule.learning_rate = 1e-4
     cfg.actor_config.max_grad_norm = MAX_GRAD_NORM
@@ -74,9 +80,9 @@ def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: i
 @pytest.fixture(scope="module")
 def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     """Two GRPO steps (two passes each: the second sees a clipped ratio) on the same global batch of 4 prompts,
-    advantages scaled by the global batch's std: in one process and at 2 x 2 with ZeRO-1 and
-    without (``dapo``: the global token mean); and at 2 x 2 (ZeRO-1, ``dapo``) killed after its step-1
-    checkpoint, then resumed."""
+    advantages scaled by the global batch's std, ``dapo`` (the global token mean): in one process (fused loss); at
+    2 x 2 with ZeRO-1 (fused) and without (the plain-ops loss); at 2 x 2 (ZeRO-1) killed after its step-1
+    checkpoint, then resumed; and that run's step-1 checkpoint resumed in one process ("resharded")."""
     root = tmp_path_factory.mktemp("dp_tp")
     worker = root / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
@@ -96,9 +102,17 @@ def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     kill_when_saved(proc, root / "killed" / "checkpoints" / "step_00000001" / "manifest.json", str(killed),
                     timeout=1800)
     assert not (root / "killed" / "checkpoints" / "step_00000002").exists()
-    msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False),
+    msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False, loss_impl="plain"),
            config("killed", dp=2, mp=2, resume=True)],
           root / "log_2x2", workers=4, timeout=2400)
+
+    import shutil  # the step-1 checkpoint written at 2 x 2, resumed by one process
+
+    (root / "resharded" / "checkpoints").mkdir(parents=True)
+    shutil.copytree(root / "zero" / "checkpoints" / "step_00000001", root / "resharded" / "checkpoints" / "step_00000001")
+    resharded = subprocess.run([sys.executable, worker, config("resharded", dp=1, mp=1, resume=True)],
+                               env=ENV, capture_output=True, text=True, timeout=1800)
+    assert resharded.returncode == 0, resharded.stderr[-3000:]
     return root
 
 
@@ -116,6 +130,8 @@ def _worst(a: dict, b: dict) -> float:
 @msrun_group
 @pytest.mark.parametrize("run,single", [("zero", "one"), ("no_zero", "one")])
 def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain, run, single):
+    """2 x 2 with ZeRO-1 and the fused loss op, and 2 x 2 without ZeRO-1 with the plain-ops loss, against one process
+    with the fused loss: the same tokens, rewards, clipped global norm and weights."""
     from mindgrpo.train.metrics import read_metrics
 
     one, two = layout_runs / single, layout_runs / run
@@ -155,3 +171,45 @@ def test_2x2_killed_and_resumed_equals_uninterrupted(layout_runs):
     assert [r["step"] for r in read_metrics(killed / "metrics.jsonl")] == [1, 2]
     layout = json.loads((killed / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
     assert (layout["tp"], layout["dp"]) == (2, 2)
+
+
+@msrun_group
+def test_2x2_checkpoint_resumes_resharded_in_one_process(layout_runs):
+    """The 2 x 2 step-1 checkpoint (TP slices, ZeRO-1 moment shards) resumed with data_parallel 1 x model_parallel 1
+    reaches the weights of the 2 x 2 run's step 2."""
+    worst = _worst(_weights(layout_runs / "zero", 2), _weights(layout_runs / "resharded", 2))
+    print(f"resharded 2 x 2 -> 1 x 1 resume vs 2 x 2: max |weight difference| {worst:.2e}")
+    assert worst <= 1e-5, worst
+    log = json.loads((layout_runs / "resharded" / "checkpoints" / "step_00000002" / "optimizer" / "layout.json")
+                     .read_text())
+    assert (log["tp"], log["dp"]) == (1, 1)
+
+
+@msrun_group
+def test_2x2_export_loads_in_transformers(layout_runs):
+    """The checkpoint a 2 x 2 run writes (gathered from the TP slices) is a Hugging Face folder whose logits in
+    transformers equal those of the one process's."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 500, 3]])  # within the demo model's 544-token vocabulary
+    logits = {}
+    for name in ("one", "no_zero"):
+        folder = layout_runs / name / "checkpoints" / "step_00000002" / "model"
+        model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+        with torch.no_grad():
+            logits[name] = model(ids).logits.numpy()
+    assert np.abs(logits["one"] - logits["no_zero"]).max() <= 1e-4
+
+
+@msrun_group
+def test_2x2_rank_holds_its_share_of_the_model_state(layout_runs):
+    """Weights, gradient accumulators and the two AdamW moments (4 copies of the model in float32): a rank holds
+    half of them at model_parallel 2 (norms are replicated: a little more); with ZeRO-1 the data-parallel pair
+    splits its moments (whole tensors to one rank or the other), so on average a rank holds (1 + 1 + 2 / 2) / 8 of
+    them: 0.375."""
+    one = int(np.load(layout_runs / "one" / "state_rank0.npy"))
+    share = {run: [int(np.load(layout_runs / run / f"state_rank{rank}.npy")) / one for rank in range(4)]
+             for run in ("no_zero", "zero")}
+    print(f"model state per rank, as a share of one process's: {share}")
+    assert all(0.5 <= s <= 0.55 for s in share["no_zero"]), share
+    assert 0.375 <= np.mean(share["zero"]) <= 0.41 and max(share["zero"]) < min(share["no_zero"]), share

@@ -5,7 +5,8 @@ A compiled loop over every parameter unrolls into nested calls, and MindSpore st
 1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
 
 * Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, reference,
-  update, checkpoint), then a second trainer resumes from that checkpoint and runs step 2, both in PyNative.
+  update, checkpoint), then a second trainer resumes from that checkpoint with the first's exact state (weights,
+  AdamW moments, step, data position), both in PyNative (the steps after a resume run the same code as step 1).
   GRAPH mode at this depth is the 2 x 2 msrun twin's (``tests/test_tensor_parallel.py``: the same layer code;
   compiling the 28-layer graphs again here would add minutes to the default suite);
 * Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
@@ -50,20 +51,37 @@ def largest_change(before: Path, after: Path) -> float:
     return max(float(np.abs(new[k] - old[k]).max()) for k in old)
 
 
+def _state(trainer) -> dict:
+    """Everything a resume must restore: the weights, both AdamW moments (by parameter), the step and the data
+    position."""
+    worker = trainer.worker
+    arrays = {f"param/{i}": p.asnumpy() for i, p in enumerate(worker.params)}
+    arrays.update({f"exp_avg/{i}": m.asnumpy() for i, m in enumerate(worker.optimizer.exp_avg)})
+    arrays.update({f"exp_avg_sq/{i}": v.asnumpy() for i, v in enumerate(worker.optimizer.exp_avg_sq)})
+    return {"arrays": arrays, "step": trainer.step, "data": trainer.dataset.state_dict()}
+
+
 def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, demo_plain, demo_prompts):
-    from mindgrpo.train.metrics import read_metrics
+    """A GRPO step (rollout, reference, update) and its checkpoint; then a new trainer resumes from it with every
+    weight, moment, the step and the data position exactly as the first left them."""
     from mindgrpo.train.trainer import GRPOTrainer
 
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
     run = tmp_path / "run"
-    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative")).train()
+    first = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative"))
+    metrics = first.train()
+    assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert largest_change(model, checkpoint(run, 1)) > 1e-5  # the update ran
-    GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
-                              resume_training=True, mode="pynative")).train()
-    rows = read_metrics(run / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2]
-    assert all(np.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows)
-    assert largest_change(checkpoint(run, 1), checkpoint(run, 2)) > 1e-5
+    saved = _state(first)
+    assert len(first.worker.params) == 28 * 12 + 3  # every parameter of Qwen2.5-7B's layout, untied
+    resumed = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
+                                        resume_training=True, mode="pynative"))
+    loaded = _state(resumed)
+    assert (loaded["step"], loaded["data"]) == (saved["step"], saved["data"])
+    assert loaded["arrays"].keys() == saved["arrays"].keys()
+    for name, array in saved["arrays"].items():
+        np.testing.assert_array_equal(loaded["arrays"][name], array, err_msg=name)
+    assert any(array.any() for name, array in saved["arrays"].items() if name.startswith("exp_avg/"))
 
 
 _square_sum = ops.MultitypeFuncGraph("square_sum")

@@ -106,7 +106,7 @@ def test_tp2_grpo_job_as_two_msrun_nodes_equals_one_process(tmp_path, prompts, t
     The reward is the completion's length (toy_verifiers.text_length): every step has advantages, so each update
     follows a real gradient rather than AdamW's normalised rounding noise (a step without advantages has a KL
     gradient of ~1e-8 that differs between layouts and that AdamW's first step scales up to lr), and the weights move.
-    (1e-5 and lr 1e-4 as in tests/test_tensor_parallel.py: AdamW's first step turns float32 reassociation differences
+    (1e-5 and lr 1e-4 as in tests/test_data_tensor_parallel.py: AdamW's first step turns float32 reassociation differences
     of the split matmuls into weight differences proportional to lr.)"""
     if shutil.which("msrun") is None:
         pytest.skip("msrun not on PATH")

@@ -187,3 +187,25 @@ def test_demo_refuses_bad_input_before_making_its_data(tmp_path, row):
     _assert_refused(f"demo {row}", done.returncode, done.stderr, pattern, tmp_path / "output",
                     time.perf_counter() - start)
     assert not (tmp_path / "cache" / "demo").exists()
+
+
+@pytest.mark.parametrize("entry", ["in process", "main.py"])
+def test_compile_cache_is_refused(entry, tmp_path, monkeypatch, capsys, demo_plain, demo_prompts, small_model):
+    """MindSpore's compile cache (MS_COMPILER_CACHE_ENABLE=1) reloads the step graphs wrongly without an error
+    (mindgrpo.train.preflight.check_compile_cache): the run must not start."""
+    config, args, run, _ = _case(tmp_path, "bad override value", demo_plain, demo_prompts, small_model)
+    pattern = r"MS_COMPILER_CACHE_ENABLE=1: MindSpore's compile cache reloads"
+    start = time.perf_counter()
+    if entry == "main.py":
+        env = {**os.environ, "MS_COMPILER_CACHE_ENABLE": "1", "MS_COMPILER_CACHE_PATH": str(tmp_path / "cache"),
+               "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+        done = subprocess.run([sys.executable, str(MAIN), "--config", str(config)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
+        code, stderr = done.returncode, done.stderr
+    else:
+        from mindgrpo.apps import train_cli
+
+        monkeypatch.setenv("MS_COMPILER_CACHE_ENABLE", "1")
+        monkeypatch.chdir(tmp_path)
+        code, stderr = train_cli.main(["--config", str(config)]), capsys.readouterr().err
+    _assert_refused(f"compile cache ({entry})", code, stderr, pattern, run, time.perf_counter() - start)

@@ -4,16 +4,12 @@
   KV heads;
 * ``tp_worker.py``: log-probs, entropies and gradients of the shared-prompt forward with model_parallel 2 equal the
   full model's, and greedy and sampled rollouts give the same tokens, in PyNative and GRAPH;
-* the trainer: GRPO steps with model_parallel 2 give the weights of model_parallel 1 (with the fused loss and
-  packed micro-batches, and with the plain loss and padded ones); its checkpoint resumes under TP=1 (resharded);
-  its HF export loads in transformers; a rank holds about half the model state (a run killed under tensor
-  parallelism and resumed: tests/test_data_tensor_parallel.py, at data_parallel 2 x model_parallel 2);
+* (the trainer under tensor parallelism, its checkpoints, resharded resume and export:
+  tests/test_data_tensor_parallel.py, at data_parallel 2 x model_parallel 2, against one process);
 * examples/grpo/grpo_qwen2_5_7b.yaml trains on its CPU twin (Qwen2.5-7B's depth and vocabulary) at
   data_parallel 2 x model_parallel 2, and (slow) at its own 2 x 4 layout.
 """
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +23,6 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from conftest import msrun_group  # noqa: E402
 from msrun_jobs import msrun  # noqa: E402
-from test_trainer import make_config, prompts  # noqa: E402,F401  (the GSM8K-format prompt fixture)
 from tiny_qwen import QWEN2_5_7B, make_skinny_qwen2, make_tiny_qwen2  # noqa: E402
 
 
@@ -92,147 +87,6 @@ def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
         assert lengths[1] < lengths[-1], result  # two of the 4 rows end first: the batch is compacted to 2
         # about half the parameters per rank (norms are replicated)
         assert 0.5 <= result["shard_param_elements"] / result["full_param_elements"] <= 0.56, result
-
-
-# ---------------------------------------------------------------------------------------------- the trainer
-TRAIN_WORKER = """
-import json, sys
-import mindgrpo
-from mindgrpo.config import load_config
-from mindgrpo.train.trainer import GRPOTrainer
-paths = [a for a in sys.argv[1:] if a.endswith(".yaml")]
-overrides = [a for a in sys.argv[1:] if not a.endswith(".yaml")]
-for path in paths:  # several runs in one process: the process groups are set up once
-    config = load_config(path, overrides)
-    trainer = GRPOTrainer(config)
-    trainer.train()
-    worker = trainer.worker
-    state = sum(p.nbytes for p in (*worker.params, *worker._accumulators, *worker.optimizer.exp_avg,
-                                   *worker.optimizer.exp_avg_sq))
-    with open(config.rl_config.output_dir + f"/state_rank{trainer.dist.rank}.json", "w") as f:
-        json.dump({"model_state_bytes": state}, f)
-"""
-
-
-def _final(run: Path) -> dict:
-    from safetensors.numpy import load_file
-
-    newest = sorted((run / "checkpoints").glob("step_*"))[-1]
-    return load_file(newest / "model" / "model.safetensors")
-
-
-def _assert_same_weights(a: dict, b: dict, atol: float) -> float:
-    assert set(a) == set(b)
-    worst = max(float(np.abs(a[k] - b[k]).max()) for k in a)
-    assert worst <= atol, worst
-    return worst
-
-
-@pytest.fixture(scope="module")
-def tp_runs(tmp_path_factory, prompts, tiny_model_dir):
-    """The same 3-step GRPO run with model_parallel 1 (one process) and 2 (msrun), with the fused loss and packed
-    micro-batches and with the plain loss and padded ones; and the TP=2 run's step-2 checkpoint resumed with
-    model_parallel 1 (resharded). (A run killed under tensor parallelism and resumed: tests/test_data_tensor_parallel.py
-    kills one at data_parallel 2 x model_parallel 2.)"""
-    from mindgrpo.config import dump_yaml
-
-    root = tmp_path_factory.mktemp("tp")
-    worker = root / "train_worker.py"
-    worker.write_text(TRAIN_WORKER, encoding="utf-8")
-
-    def config(name, mp, loss_impl="fused"):
-        cfg = make_config(root / name, prompts, tiny_model_dir, max_steps=3, save_ckpt_interval=1,
-                          save_max_ckpt_num=3, loss_impl=loss_impl)
-        cfg.actor_config.lr_schedule.learning_rate = 1e-4
-        # the completion's length: every step has advantages (see test_tp2_training_equals_tp1)
-        cfg.reward_config.verifier_function, cfg.reward_config.verifier_weight = ["toy_verifiers:text_length"], [1.0]
-        if loss_impl == "fused":  # two rows of the 12-token limit per forward
-            cfg.actor_config.max_tokens_per_micro_batch = 24
-        for section in (cfg.actor_config, cfg.ref_config, cfg.generate_config):
-            section.parallel_config.model_parallel = mp
-        dump_yaml(cfg, root / f"{name}.yaml")
-        return root / f"{name}.yaml"
-
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
-
-    def one_process(*args):
-        done = subprocess.run([sys.executable, worker, *args], env=env, capture_output=True, text=True, timeout=900)
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    one_process(config("tp1", 1), config("tp1_plain", 1, "plain"))
-    msrun([worker, config("tp2", 2), config("tp2_plain", 2, "plain")], root / "log_tp2")
-
-    # the TP=2 run's step-2 checkpoint, resharded to one rank
-    import shutil
-
-    (root / "resharded" / "checkpoints").mkdir(parents=True)
-    shutil.copytree(root / "tp2" / "checkpoints" / "step_00000002",
-                    root / "resharded" / "checkpoints" / "step_00000002")
-    one_process(config("resharded", 1), "rl_config.resume_training=true")
-    return root
-
-
-def _step(run: Path, step: int) -> dict:
-    from safetensors.numpy import load_file
-
-    return load_file(run / "checkpoints" / f"step_{step:08d}" / "model" / "model.safetensors")
-
-
-@msrun_group
-@pytest.mark.parametrize("loss", ["fused", "plain"])
-def test_tp2_training_equals_tp1(tp_runs, tiny_model_dir, loss):
-    """The same GRPO steps with model_parallel 2 and 1, with the fused loss op (packed micro-batches) and the
-    plain-ops loss (padded ones). The reward is the completion's length, so every update follows a real gradient
-    (a step without advantages has only a ~1e-8 KL gradient that differs between layouts, which AdamW's first step
-    scales up to lr).
-    (AdamW's first step, lr * g / (|g| + eps), turns float32 reassociation differences of the split matmuls in
-    near-zero gradient entries into weight differences proportional to lr: 1.2e-5 at lr 1e-3, hence lr 1e-4
-    here.)"""
-    from mindgrpo.models import build_model, state_dict_hf
-
-    one, two = (tp_runs / "tp1", tp_runs / "tp2") if loss == "fused" else (tp_runs / "tp1_plain",
-                                                                           tp_runs / "tp2_plain")
-    update = _assert_same_weights(_step(one, 2), _step(two, 2), atol=1e-5)
-    last = _assert_same_weights(_final(one), _final(two), atol=1e-5)
-    print(f"{loss} loss, TP=2 vs TP=1: max |weight difference| {update:.2e} after step 2, {last:.2e} "
-          "after 3 steps")
-    initial = state_dict_hf(build_model(tiny_model_dir, role="reference"))
-    trained = _step(one, 2)
-    assert max(np.abs(trained[k] - initial[k]).max() for k in initial) > 5e-5  # the update moved the weights
-
-
-@msrun_group
-def test_tp2_checkpoint_resumes_resharded_on_one_rank(tp_runs):
-    """The TP=2 step-2 checkpoint (weights and optimizer shards) resumed with model_parallel 1 reaches the weights of
-    the TP=2 run's step 3."""
-    _assert_same_weights(_final(tp_runs / "tp2"), _final(tp_runs / "resharded"), atol=1e-5)
-    layout = json.loads((tp_runs / "tp2" / "checkpoints" / "step_00000003" / "optimizer" / "layout.json")
-                        .read_text())
-    assert (layout["tp"], layout["dp"]) == (2, 1)
-
-
-@msrun_group
-def test_tp2_export_loads_in_transformers(tp_runs, tiny_model_dir):
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    ids = torch.tensor([[5, 17, 300, 42, 7, 99, 1000, 3]])
-    logits = {}
-    for name in ("tp1", "tp2"):
-        folder = sorted((tp_runs / name / "checkpoints").glob("step_*"))[-1] / "model"
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
-        with torch.no_grad():
-            logits[name] = model(ids).logits.numpy()
-    assert np.abs(logits["tp1"] - logits["tp2"]).max() <= 1e-4
-
-
-@msrun_group
-def test_tp2_rank_holds_half_the_model_state(tp_runs):
-    one = json.loads((tp_runs / "tp1" / "state_rank0.json").read_text())["model_state_bytes"]
-    for rank in (0, 1):
-        two = json.loads((tp_runs / "tp2" / f"state_rank{rank}.json").read_text())["model_state_bytes"]
-        print(f"model state per rank: TP=1 {one / 2**20:.2f} MiB, TP=2 rank {rank} {two / 2**20:.2f} MiB "
-              f"({two / one:.3f}x)")
-        assert 0.5 <= two / one <= 0.55
 
 
 def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int) -> Path:

@@ -67,7 +67,22 @@ def check_settings(config: "GRPOConfig") -> "RewardScorer":
     verifier leaves nothing behind. Returns the scorer (close it if the run goes no further)."""
     check_micro_batches(config)
     check_device(config.rl_config.device_target)
+    check_compile_cache()
     return reward_scorer(config)
+
+
+COMPILE_CACHE_VARIABLES = ("MS_COMPILER_CACHE_ENABLE", "MS_DEV_FORCE_USE_COMPILE_CACHE")
+
+
+def check_compile_cache() -> None:
+    """MindSpore's compile cache reloads mindgrpo's step graphs into the wrong places without an error: the demo's
+    second run with ``MS_COMPILER_CACHE_ENABLE=1`` sampled the same completions as the first but logged a step-1
+    pg_loss of 0.277 instead of -0.0025, and its rewards drifted from step 2 (MindSpore 2.9, CPU). A run with it on
+    would train on wrong gradients, so it is refused."""
+    on = [name for name in COMPILE_CACHE_VARIABLES if os.environ.get(name, "").strip() not in ("", "0")]
+    if on:
+        raise ConfigError(f"{on[0]}={os.environ[on[0]]}: MindSpore's compile cache reloads mindgrpo's step graphs "
+                          "wrongly (silently wrong losses and gradients); unset it before starting")
 
 
 def launched_world_size() -> int:
