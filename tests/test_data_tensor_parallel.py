@@ -11,6 +11,7 @@ its first checkpoint and resumed; and for its step-1 checkpoint resumed in one p
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -106,8 +107,7 @@ def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
            config("killed", dp=2, mp=2, resume=True)],
           root / "log_2x2", workers=4, timeout=2400)
 
-    import shutil  # the step-1 checkpoint written at 2 x 2, resumed by one process
-
+    # the step-1 checkpoint written at 2 x 2, resumed by one process
     (root / "resharded" / "checkpoints").mkdir(parents=True)
     shutil.copytree(root / "zero" / "checkpoints" / "step_00000001", root / "resharded" / "checkpoints" / "step_00000001")
     resharded = subprocess.run([sys.executable, worker, config("resharded", dp=1, mp=1, resume=True)],

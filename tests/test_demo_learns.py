@@ -9,6 +9,9 @@ import numpy as np
 from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tools"))
+
+from demo_seeds import held_out_accuracy  # noqa: E402  (the measurement the docstring's figures come from)
 
 
 def run_demo(cwd: Path, *overrides: str) -> list:
@@ -50,18 +53,13 @@ def test_demo_learns_on_problems_it_never_saw(tmp_path):
     before and after, decoded without sampling.
     """
     from mindgrpo.apps import demo
-    from mindgrpo.apps.evaluation import evaluate
 
     rows = run_demo(tmp_path, "rl_config.seed=0")
     assert [r["step"] for r in rows] == list(range(1, 101))
     print(f"sampled accuracy: first 20 steps {accuracy(rows, slice(0, 20)):.3f}, "
           f"last 20 {accuracy(rows, slice(80, 100)):.3f}")
     assets = demo.make_demo(demo.default_demo_dir())
-
-    def held_out(model):
-        return evaluate(model, assets.test_jsonl, template="gsm8k_hash", max_new_tokens=demo.MAX_NEW_TOKENS,
-                        batch_size=64, progress=False).accuracy
-
-    before, after = held_out(assets.model_dir), held_out(tmp_path / "output" / "demo")
+    before = held_out_accuracy(assets.model_dir, assets.test_jsonl)
+    after = held_out_accuracy(tmp_path / "output" / "demo", assets.test_jsonl)
     print(f"held-out greedy accuracy: warm start {before:.3f}, after 100 GRPO steps {after:.3f}")
     assert after - before >= MIN_HELD_OUT_GAIN, (before, after)

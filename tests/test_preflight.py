@@ -106,9 +106,8 @@ def small_model(tmp_path_factory):
     return make_tiny_qwen2(tmp_path_factory.mktemp("preflight") / "small", vocab=256)
 
 
-def _case(tmp_path, row, demo_plain, demo_prompts, small_model):
-    """(config path, argv after it, run folder, pattern) of one row, its yaml written under tmp_path."""
-    args, replace, pattern = ROWS[row]
+def _write_config(tmp_path, demo_plain, demo_prompts, replace=None):
+    """(config path, run folder): BASE_YAML, with ``replace`` (old, new) applied, written under tmp_path."""
     run = tmp_path / "run"
     text = BASE_YAML.format(prompts=demo_prompts, run=run, model=demo_plain.model_dir)
     if replace is not None:
@@ -116,6 +115,13 @@ def _case(tmp_path, row, demo_plain, demo_prompts, small_model):
         text = text.replace(*replace)
     config = tmp_path / "c.yaml"
     config.write_text(text, encoding="utf-8")
+    return config, run
+
+
+def _case(tmp_path, row, demo_plain, demo_prompts, small_model):
+    """(config path, argv after it, run folder, pattern) of one row, its yaml written under tmp_path."""
+    args, replace, pattern = ROWS[row]
+    config, run = _write_config(tmp_path, demo_plain, demo_prompts, replace)
     fill = dict(tmp=tmp_path, small=small_model, model=demo_plain.model_dir)
     return config, [a.format(**fill) for a in args], run, pattern
 
@@ -190,10 +196,10 @@ def test_demo_refuses_bad_input_before_making_its_data(tmp_path, row):
 
 
 @pytest.mark.parametrize("entry", ["in process", "main.py"])
-def test_compile_cache_is_refused(entry, tmp_path, monkeypatch, capsys, demo_plain, demo_prompts, small_model):
+def test_compile_cache_is_refused(entry, tmp_path, monkeypatch, capsys, demo_plain, demo_prompts):
     """MindSpore's compile cache (MS_COMPILER_CACHE_ENABLE=1) reloads the step graphs wrongly without an error
     (mindgrpo.train.preflight.check_compile_cache): the run must not start."""
-    config, args, run, _ = _case(tmp_path, "bad override value", demo_plain, demo_prompts, small_model)
+    config, run = _write_config(tmp_path, demo_plain, demo_prompts)  # a valid config: only the variable is wrong
     pattern = r"MS_COMPILER_CACHE_ENABLE=1: MindSpore's compile cache reloads"
     start = time.perf_counter()
     if entry == "main.py":
