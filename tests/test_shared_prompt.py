@@ -1,6 +1,7 @@
 """The shared-prompt forward equals MindFormers' forward over repeated [prompt | completion] rows: logits and the
 gradients of a log-prob loss, in PyNative and GRAPH mode, with left padding, ragged completions and GQA; and
 ``recompute=True`` gives the same gradients."""
+import json
 import sys
 from pathlib import Path
 
@@ -136,3 +137,36 @@ def test_config_demands_whole_groups_and_the_shared_forward_under_tensor_paralle
         validate(config, check_paths=False)
     config.actor_config.parallel_config.model_parallel = 1
     validate(config, check_paths=False)  # unshared rows take any micro-batch size
+
+
+
+class TwoForwards(nn.Cell):
+    """Two models' shared-prompt forwards in one graph."""
+
+    def __init__(self, first, second):
+        super().__init__(auto_prefix=False)
+        self.first, self.second = SharedPromptForward(first, G, 64), SharedPromptForward(second, G, 64)
+
+    def construct(self, prompt_ids, prompt_mask, completion_ids):
+        return (self.first(prompt_ids, prompt_mask, completion_ids),
+                self.second(prompt_ids, prompt_mask, completion_ids))
+
+
+def test_layers_compile_once_yet_each_model_keeps_its_own_constants(tmp_path, ms_mode):
+    """Every decoder layer reuses one parsed graph (``qwen2_blocks.reused_layer``), with its own Parameters as
+    inputs. Two models in one graph that differ only in a constant of the layer (RMSNorm's epsilon) must each
+    compute with their own: a layer graph reused across them would silently give the first model's numerics."""
+    prompt_ids, prompt_mask, completion_ids, completion_mask = batch(5)
+    ids, mask = unshared(prompt_ids, prompt_mask, completion_ids, completion_mask)
+    real = completion_mask.astype(bool)
+    models = []
+    for eps in (1e-6, 0.5):
+        folder = make_tiny_qwen2(tmp_path / f"eps{eps}", layers=3, vocab=4096)
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps(dict(config, rms_norm_eps=eps)))
+        models.append(build_model(folder, seq_length=64))
+    both = TwoForwards(*models)(Tensor(prompt_ids), Tensor(prompt_mask), Tensor(completion_ids))
+    expected = [model.logits(model(ids, mask)[:, P - 1:P + T - 1]).asnumpy()[real] for model in models]
+    assert np.abs(expected[0] - expected[1]).max() > 1e-2  # the constant matters: a real test of the key
+    for shared, reference in zip(both, expected):
+        np.testing.assert_allclose(shared.asnumpy()[real], reference, rtol=0, atol=2e-5)

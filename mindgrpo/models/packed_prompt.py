@@ -22,7 +22,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
 from mindgrpo.models.shared_prompt import PromptBlocks
 
 
@@ -42,7 +42,8 @@ class PackedPromptForward(PromptBlocks):
     def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False):
         weights = Qwen2Weights(model)
         super().__init__(weights, max_positions, ParameterTuple(()))
-        self.layers = nn.CellList([PackedPromptLayer(weights, i) for i in range(self.num_layers)], auto_prefix=False)
+        self.layers = nn.CellList([PackedPromptLayer(weights.layer(i)) for i in range(self.num_layers)],
+                                    auto_prefix=False)
         if recompute:
             for layer in self.layers:
                 layer.recompute()
@@ -82,17 +83,18 @@ class PackedPromptForward(PromptBlocks):
 
 
 class PackedPromptLayer(Qwen2Blocks):
-    """Decoder layer ``index`` of :class:`PackedPromptForward`: ``(x [S*P + R*W, hidden], cos, sin, bias_prompt
+    """A decoder layer of :class:`PackedPromptForward`: ``(x [S*P + R*W, hidden], cos, sin, bias_prompt
     [S, P*groups, P], bias_completion [R, W*groups, P+W], row_prompt [R])`` -> the layer's output hidden states
-    (prompt rows, then completion rows), over the same Parameters (see ``SharedPromptLayer``)."""
+    (prompt rows, then completion rows), over its layer's Parameters (see ``SharedPromptLayer``)."""
 
-    def __init__(self, weights: Qwen2Weights, index: int):
+    @reused_layer
+    def __init__(self, weights: Qwen2Weights):
         super().__init__(weights, 1, ParameterTuple(()))
-        self.index = index
+        self.graph_key = weights.graph_key()
 
     def construct(self, x, cos, sin, bias_prompt, bias_completion, row_prompt):
         s, p = bias_prompt.shape[0], bias_prompt.shape[2]
-        split, i = s * p, self.index
+        split, i = s * p, 0  # the Cell's weights are its layer's alone, addressed as layer 0
         q, k, v = self._qkv_rows(i, x, cos, sin)
         ctx_prompt = self._causal_attention_rows(q[:split], k[:split], v[:split], bias_prompt, s, p)
         ctx_completion = self._packed_attention(q[split:], k[split:], v[split:], k[:split], v[:split],

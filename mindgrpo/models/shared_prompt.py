@@ -34,7 +34,7 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from mindgrpo.models.image_tokens import merge_image_features
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
 
 
 class PromptBlocks(Qwen2Blocks):
@@ -81,7 +81,7 @@ class SharedPromptForward(PromptBlocks):
         weights = Qwen2Weights(model)
         super().__init__(weights, max_positions, ParameterTuple(()))
         self.num_generations = num_generations
-        self.layers = nn.CellList([SharedPromptLayer(weights, i, num_generations)
+        self.layers = nn.CellList([SharedPromptLayer(weights.layer(i), num_generations)
                                    for i in range(self.num_layers)], auto_prefix=False)
         if recompute:
             for layer in self.layers:
@@ -132,20 +132,22 @@ class SharedPromptForward(PromptBlocks):
 
 
 class SharedPromptLayer(Qwen2Blocks):
-    """Decoder layer ``index`` of :class:`SharedPromptForward`: ``(x [NG*P + NG*G*T, hidden], cos, sin, bias_prompt
+    """A decoder layer of :class:`SharedPromptForward`: ``(x [NG*P + NG*G*T, hidden], cos, sin, bias_prompt
     [NG, P*groups, P], bias_completion [NG*G, T*groups, P+T])`` -> the layer's output hidden states (prompt rows,
-    then completion rows). It holds the same :class:`Qwen2Weights` ParameterTuple (no copy, names unchanged) and no
-    RoPE table of its own (``cos``/``sin`` come in per row), so one Cell per layer costs nothing but lets
-    ``Cell.recompute()`` mark exactly one layer."""
+    then completion rows). It holds its layer's Parameters (:meth:`Qwen2Weights.layer`: the actor's objects, names
+    unchanged) and no RoPE table of its own (``cos``/``sin`` come in per row), so one Cell per layer costs nothing,
+    compiles once for all layers (:func:`reused_layer`) and lets ``Cell.recompute()`` mark exactly one layer."""
 
-    def __init__(self, weights: Qwen2Weights, index: int, num_generations: int):
+    @reused_layer
+    def __init__(self, weights: Qwen2Weights, num_generations: int):
         super().__init__(weights, 1, ParameterTuple(()))
-        self.index, self.num_generations = index, num_generations
+        self.num_generations = num_generations
+        self.graph_key = repr((weights.graph_key(), num_generations))
 
     def construct(self, x, cos, sin, bias_prompt, bias_completion):
         ng, p = bias_prompt.shape[0], bias_prompt.shape[2]
         t = bias_completion.shape[2] - p
-        split, i = ng * p, self.index
+        split, i = ng * p, 0  # the Cell's weights are its layer's alone, addressed as layer 0
         q, k, v = self._qkv_rows(i, x, cos, sin)  # q [rows, heads, d], k [rows, kv, d], v [rows, kv, d]
         ctx_prompt = self._causal_attention_rows(q[:split], k[:split], v[:split], bias_prompt, ng, p)
         ctx_completion = self._completion_attention(q[split:], k[split:], v[split:], k[:split], v[:split],
