@@ -31,18 +31,41 @@ from __future__ import annotations
 import numpy as np
 
 import mindspore as ms
-from mindspore import Parameter, ParameterTuple, Tensor, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.models.image_tokens import merge_image_features
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
 from mindgrpo.ops.kv_store import KvStore
 
 __all__ = ["DecodeGraph", "FusedDecodeGraph", "FusedPrefillGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]
 
 
+class PrefillLayer(Qwen2Blocks):
+    """A decoder layer of the prompt pass, over its layer's Parameters (:meth:`Qwen2Weights.layer`), compiled once
+    for every layer (:func:`~mindgrpo.models.qwen2_blocks.reused_layer`): ``(x [P*S, hidden], cos, sin, bias
+    [P, S*groups, S])`` -> the layer's output and its keys/values ``k, v [P*S, kv_heads, d]``. It writes nothing:
+    the cache writes (side effects on one layer's cache) stay in :class:`PrefillGraph`."""
+
+    @reused_layer
+    def __init__(self, weights: Qwen2Weights):
+        super().__init__(weights, 1, ParameterTuple(()))
+        self.graph_key = weights.graph_key()
+
+    def construct(self, x, cos, sin, bias):
+        p, s = bias.shape[0], bias.shape[2]
+        q, k, v = self._qkv_rows(0, x, cos, sin)  # layer 0 of the Cell's own weights
+        x = self._mlp_rows(0, self._attention_out_rows(0, x, self._causal_attention_rows(q, k, v, bias, p, s)))
+        return x, k, v
+
+
 class PrefillGraph(Qwen2Blocks):
     """Prompt pass: logits after each prompt and its keys/values written to the cache rows of its samples.
     Row-major, table-free blocks (many tokens: see :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks`)."""
+
+    def __init__(self, weights: Qwen2Weights, cache_len: int, kv_cache: ParameterTuple):
+        super().__init__(weights, cache_len, kv_cache)
+        self.layers = nn.CellList([PrefillLayer(weights.layer(i)) for i in range(self.num_layers)],
+                                  auto_prefix=False)
 
     def construct(self, tokens, positions, key_valid, rows, image_features=None, image_rows=None):
         """tokens/positions/key_valid: [P, S] (prompts left-padded to S; key_valid 1 on real tokens);
@@ -64,9 +87,8 @@ class PrefillGraph(Qwen2Blocks):
             x = merge_image_features(x, self._compute(image_features), image_rows)
         bias = self._causal_bias_rows(key_valid, s)
         writes = ()
-        for i in range(self.num_layers):
-            q, k, v = self._qkv_rows(i, x, cos, sin)
-            x = self._mlp_rows(i, self._attention_out_rows(i, x, self._causal_attention_rows(q, k, v, bias, p, s)))
+        for i, layer in enumerate(self.layers):
+            x, k, v = layer(x, cos, sin, bias)
             writes += self._write_cache(i, k, v, rows, p, s)
         last = x.reshape((p, s, self.hidden))[:, s - 1]  # each prompt's last token
         # the sampler needs every column: gather the vocabulary slices of the P prompts' last tokens
