@@ -1,15 +1,15 @@
 #!/usr/bin/env python
 """Measure what compiling each decoder layer once (``qwen2_blocks.reused_layer``) saves at a real model's depth.
 
-Workload: a skinny model with Qwen2.5-7B's depth, heads and untied vocabulary (``tests/tiny_qwen.make_skinny_qwen2``:
+Workload: a random model with Qwen2.5-7B's depth, heads and untied vocabulary (``tests/tiny_qwen.make_tiny_qwen2``:
 28 layers, 28/4 heads, 152,064 tokens; hidden 4 per head, intermediate 32, so compiling is nearly all the time)
 and one micro-batch of 2 prompts x 16 tokens with 4 completions x 8 tokens. GRAPH mode, each setting in its own
 process (a compiled graph keeps its memory, and MindSpore caches graphs per process):
 
 * ``reused``: the shipped :class:`~mindgrpo.models.SharedPromptForward`, its layers compiled once
   (``lazy_inline``);
-* ``inlined``: the same Cells with the undecorated ``__init__``: every layer parsed and compiled on its own, as
-  before.
+* ``inlined``: the same Cells with the undecorated ``__init__``: every layer parsed and compiled on its own.
+  (Before ``reused_layer``, each layer Cell also indexed the whole weight tuple, which compiled slower still.)
 
 For each: the first call of the forward (compile + run), a second call (run), the first call of ``value_and_grad``
 of the summed log-probs (compile + run) and a second; and the largest difference of the loss and the gradients
