@@ -1,4 +1,5 @@
 """Shared pytest fixtures: the generated reference folders, the GSM8K data and MindSpore execution modes."""
+import gc
 import os
 from pathlib import Path
 
@@ -182,3 +183,14 @@ def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # a serial run keeps the file order
         rank = {unit: i for i, unit in enumerate(LONGEST_FIRST)}
         items.sort(key=lambda item: rank.get(_group(item) or item.nodeid, len(rank)))
+
+
+# MindSpore runs a full gc.collect() before compiling each graph. In a test worker that has imported torch,
+# transformers and MindFormers and holds built models, that traverses some 10^6 objects: about 0.2 s per compile, some
+# hundreds of compiles in the suite. Freezing what each module starts with moves it out of the collector's sight
+# (garbage cycles among it are collected first; reference counting still frees the rest as usual).
+@pytest.fixture(autouse=True, scope="module")
+def _long_lived_objects_frozen():
+    gc.collect()
+    gc.freeze()
+    yield

@@ -247,17 +247,32 @@ def test_trainer_logs_the_length_metrics_and_does_not_recompile(tmp_path, demo_p
 
 def test_default_run_logs_truncation_and_a_zero_penalty(tmp_path, demo_prompts, demo_plain):
     """With the defaults nothing changes but two more figures in the log: truncated completions stay in the loss
-    and the penalty is 0."""
+    and the penalty is 0. (PyNative: nothing here depends on the mode.)"""
     from mindgrpo.train.trainer import GRPOTrainer
 
     config = small_run_config(tmp_path / "run", demo_prompts, demo_plain.model_dir, max_prompt_length=64,
-                              seq_length=80, max_tokens=8, verifiers=["toy_verifiers:text_length"], max_steps=1)
+                              seq_length=80, max_tokens=8, verifiers=["toy_verifiers:text_length"], max_steps=1,
+                              mode="pynative")
     trainer = GRPOTrainer(config)
     metrics = trainer.train()
     rollouts = trainer.last_rollouts
     assert metrics["grpo/overlong_penalty/mean"] == 0.0
     assert metrics["grpo/truncated_frac"] == pytest.approx(rollouts.truncated.mean())
     np.testing.assert_array_equal(rollouts.loss_mask, rollouts.completion_mask)
+
+
+def capture_instead_of_applying(pol, grads: list):
+    """``pol``, whose update ends by appending its summed gradients to ``grads`` and zeroing them (as its AdamW
+    step would) instead of applying them: its weights stay as they were, for the next update to start from."""
+    from mindspore import ops
+
+    def capture(*hyper):
+        grads.append([acc.asnumpy().copy() for acc in pol._accumulators])
+        for acc in pol._accumulators:
+            acc.set_data(ops.zeros_like(acc))
+
+    pol._apply = capture
+    return pol
 
 
 @pytest.mark.parametrize("mode,loss_type", [("pynative", "grpo"), ("graph", "dapo")])
@@ -280,15 +295,16 @@ def test_worker_update_leaves_truncated_completions_out_padded_and_packed(tmp_pa
     advantages = np.random.default_rng(5).standard_normal(B * NUM_GENERATIONS).astype(np.float32)
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    packed = 4 * base.completion_ids.shape[1]
     try:
-        results = []
-        for rollouts, budget in ((zeroed, 0), (masked, 0), (masked, 4 * base.completion_ids.shape[1])):
-            pol = worker(model_dir, loss_type, budget)
+        workers, captured, results = {}, [], []  # one worker per token budget (padded, packed): compiled once
+        for rollouts, budget in ((zeroed, 0), (masked, 0), (masked, packed)):
+            if budget not in workers:
+                workers[budget] = capture_instead_of_applying(worker(model_dir, loss_type, budget), captured)
+            pol = workers[budget]
             ref, old = pol.reference_logprobs(base), pol.actor_logprobs(base)
-            grads = []
-            pol._apply = lambda *hyper, pol=pol: grads.append([acc.asnumpy().copy() for acc in pol._accumulators])
             metrics = pol.update(rollouts, advantages, old, ref, total_steps=1)
-            results.append((grads[0], metrics))
+            results.append((captured.pop(), metrics))
     finally:
         ms.set_context(mode=previous)
     (expected, expected_metrics), *others = results

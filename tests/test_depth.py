@@ -121,8 +121,9 @@ def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
     before = [p.asnumpy().astype(np.float64) for p in params]
     accumulators = ParameterTuple(params).clone(prefix="grad_accum", init="zeros")
     optimizer = AdamW(params, OptimizerConfig(max_grad_norm=1.0))
-    for _ in range(2):  # two micro-batches: the accumulators add up
-        AccumulateGradients(SquaresLoss(params), params, accumulators)(Tensor(0.25, ms.float32))
+    accumulate = AccumulateGradients(SquaresLoss(params), params, accumulators)
+    for _ in range(2):  # two micro-batches through the one compiled graph: the accumulators add up
+        accumulate(Tensor(0.25, ms.float32))
     grads = before  # twice the gradient of 0.25 p^2: p
     norm = float(ReduceAndClip(accumulators, 1.0, DistInfo())())
     expected = np.sqrt(sum(float(np.sum(g ** 2)) for g in grads))

@@ -77,6 +77,19 @@ def _adam_update(adam, beta1, beta2, step_size, eps, decay, no_decay, param, exp
     return ops.depend(param, update)
 
 
+_adam_step_and_reset = ops.MultitypeFuncGraph("adam_step_and_reset")
+
+
+@_adam_step_and_reset.register("Function", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor", "Tensor",
+                               "Tensor", "Tensor", "Tensor", "Bool", "Bool")
+def _adam_update_and_reset(adam, beta1, beta2, step_size, eps, decay, no_decay, param, exp_avg, exp_avg_sq,
+                           accumulator, decays, owned):
+    """:func:`_adam_update` reading the gradient from its accumulator Parameter, then zeroing it."""
+    new = _adam_update(adam, beta1, beta2, step_size, eps, decay, no_decay, param, exp_avg, exp_avg_sq, accumulator,
+                       decays, owned)
+    return ops.depend(new, ops.assign(accumulator, ops.depend(ops.zeros_like(accumulator), new)))
+
+
 class AdamW(nn.Cell):
     """AdamW as ``torch.optim.AdamW``: decoupled decay ``p -= lr*wd*p``, bias-corrected moments.
 
@@ -125,8 +138,17 @@ class AdamW(nn.Cell):
 
     def construct(self, grads, step_size, eps, decay):
         """One step with the scalars of :meth:`hyper_tensors`; the weights and moments change in place."""
-        updated = self.hyper_map(ops.partial(_adam_step, self.adam, self.betas[0], self.betas[1], step_size, eps,
-                                             decay, self.no_decay),
+        return self._step(_adam_step, grads, step_size, eps, decay)
+
+    def step_and_reset(self, accumulators: ParameterTuple, step_size, eps, decay):
+        """:meth:`construct` with the gradients in ``accumulators``, each zeroed as soon as its parameter's step has
+        read it. Zeroing them all after the whole step instead made the compile time grow with the square of the
+        parameter count (about 4x per doubling on CPU; Qwen2.5-32B has 771)."""
+        return self._step(_adam_step_and_reset, accumulators, step_size, eps, decay)
+
+    def _step(self, update, grads, step_size, eps, decay):
+        updated = self.hyper_map(ops.partial(update, self.adam, self.betas[0], self.betas[1], step_size, eps, decay,
+                                             self.no_decay),
                                  self.params, self.exp_avg_slots, self.exp_avg_sq_slots, grads, self.decay_flags,
                                  self.owned)
         previous = ops.depend(step_size, updated)

@@ -254,24 +254,12 @@ class ReduceAndClip(nn.Cell):
 
 
 class ApplyGradients(nn.Cell):
-    """One AdamW step with the accumulated gradients, then reset the accumulators."""
+    """One AdamW step with the accumulated gradients, each accumulator reset once its parameter's step read it."""
 
     def __init__(self, accumulators: ParameterTuple, optimizer: AdamW):
         super().__init__(auto_prefix=False)
         self.accumulators, self.optimizer = accumulators, optimizer
-        self.hyper_map = ops.HyperMap()
 
     def construct(self, step_size, eps, decay):
         """Scalars from :meth:`AdamW.hyper_tensors`."""
-        step_size = self.optimizer(tuple(self.accumulators), step_size, eps, decay)
-        zeroed = self.hyper_map(ops.partial(_zero_after, step_size), self.accumulators)
-        return ops.depend(step_size, zeroed)
-
-
-_zero_after = ops.MultitypeFuncGraph("zero_after")
-
-
-@_zero_after.register("Tensor", "Tensor")
-def _zero_accumulator(step_size, accumulator):
-    """Reset an accumulator once the step (``step_size``, the optimizer's output) has read it."""
-    return ops.assign(accumulator, ops.depend(ops.zeros_like(accumulator), step_size))
+        return self.optimizer.step_and_reset(self.accumulators, step_size, eps, decay)
