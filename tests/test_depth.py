@@ -4,8 +4,8 @@ layer count, heads and untied 152,064-row vocabulary, hidden 4 per head, interme
 A compiled loop over every parameter unrolls into nested calls, and MindSpore stops compiling at a call depth of
 1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
 
-* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, reference,
-  update, checkpoint), then a second trainer resumes from that checkpoint with the first's exact state (weights,
+* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, update,
+  checkpoint), then a second trainer resumes from that checkpoint with the first's exact state (weights,
   AdamW moments, step, data position), both in PyNative (the steps after a resume run the same code as step 1).
   GRAPH mode at this depth is the 2 x 2 msrun twin's (``tests/test_tensor_parallel.py``: the same layer code;
   compiling the 28-layer graphs again here would add minutes to the default suite);
@@ -62,20 +62,22 @@ def _state(trainer) -> dict:
 
 
 def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, demo_plain, demo_prompts):
-    """A GRPO step (rollout, reference, update) and its checkpoint; then a new trainer resumes from it with every
-    weight, moment, the step and the data position exactly as the first left them."""
+    """A GRPO step (rollout, update) and its checkpoint; then a new trainer resumes from it with every weight,
+    moment, the step and the data position exactly as the first left them. No reference model (beta 0): its
+    forward is the actor's code, run here by the update; the 2 x 2 twin runs the reference at this depth."""
     from mindgrpo.train.trainer import GRPOTrainer
 
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
     run = tmp_path / "run"
-    first = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative"))
+    first = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative",
+                                      beta=0.0))
     metrics = first.train()
     assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert largest_change(model, checkpoint(run, 1)) > 1e-5  # the update ran
     saved = _state(first)
     assert len(first.worker.params) == 28 * 12 + 3  # every parameter of Qwen2.5-7B's layout, untied
     resumed = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
-                                        resume_training=True, mode="pynative"))
+                                        resume_training=True, mode="pynative", beta=0.0))
     loaded = _state(resumed)
     assert (loaded["step"], loaded["data"]) == (saved["step"], saved["data"])
     assert loaded["arrays"].keys() == saved["arrays"].keys()
@@ -137,3 +139,20 @@ def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
     for p, old in zip(params[::97], before[::97]):
         step = np.abs(p.asnumpy() - old)
         assert np.all(step <= 1.0001e-3) and np.median(step) == pytest.approx(1e-3, rel=1e-3), p.name
+
+
+@pytest.mark.slow
+def test_qwen2_5_32b_depth_grpo_step(tmp_path, demo_plain, demo_prompts):
+    """One GRPO step at 32B's depth (GRAPH: the 64-layer forward and backward compile, minutes on CPU); no reference
+    model (beta 0), as above."""
+    from mindgrpo.train.metrics import read_metrics
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    model = make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B)
+    run = tmp_path / "run"
+    trainer = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, beta=0.0))
+    assert len(trainer.worker.params) == 64 * 12 + 3  # every layer's 12 tensors, the final norm, embedding, lm_head
+    trainer.train()
+    [row] = read_metrics(run / "metrics.jsonl")
+    assert np.isfinite(row["grad_norm"]) and row["grad_norm"] > 0
+    assert largest_change(model, checkpoint(run, 1)) > 1e-5
