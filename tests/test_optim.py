@@ -51,6 +51,37 @@ def test_adamw_matches_torch(ms_mode):
         np.testing.assert_allclose(p.asnumpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_apply_gradients_steps_as_torch_and_resets_every_accumulator(ms_mode):
+    """ApplyGradients (the trainer's AdamW graph): two steps from accumulated gradients equal torch.optim.AdamW's,
+    and after each step every accumulator is zero, so the next step's micro-batches start from nothing."""
+    torch = pytest.importorskip("torch")
+    from mindspore import ParameterTuple
+
+    from mindgrpo.train.step_graphs import ApplyGradients
+
+    rng = np.random.default_rng(1)
+    shapes = [(5, 3), (3,), (2, 4)]
+    init = [rng.normal(size=s).astype(np.float32) for s in shapes]
+    params = [Parameter(Tensor(a), name=f"p{i}") for i, a in enumerate(init)]
+    accumulators = ParameterTuple(params).clone(prefix="grad_accum", init="zeros")
+    opt = AdamW(params, OptimizerConfig(beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1))
+    apply = ApplyGradients(accumulators, opt)
+    tparams = [torch.tensor(a, requires_grad=True) for a in init]
+    topt = torch.optim.AdamW([{"params": [tparams[0], tparams[2]], "weight_decay": 0.1},
+                              {"params": [tparams[1]], "weight_decay": 0.0}], lr=0.01, betas=(0.9, 0.95), eps=1e-8)
+    for _ in range(2):
+        grads = [rng.normal(size=s).astype(np.float32) for s in shapes]
+        for acc, g in zip(accumulators, grads):
+            acc.set_data(Tensor(g))
+        for tp, g in zip(tparams, grads):
+            tp.grad = torch.tensor(g)
+        topt.step()
+        apply(*opt.hyper_tensors(0.01))
+        assert all(not acc.asnumpy().any() for acc in accumulators)
+    for p, tp in zip(params, tparams):
+        np.testing.assert_allclose(p.asnumpy(), tp.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_optimizer_state_round_trip():
     params = [Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")]
     opt = AdamW(params, OptimizerConfig())
