@@ -261,20 +261,6 @@ def test_default_run_logs_truncation_and_a_zero_penalty(tmp_path, demo_prompts, 
     np.testing.assert_array_equal(rollouts.loss_mask, rollouts.completion_mask)
 
 
-def capture_instead_of_applying(pol, grads: list):
-    """``pol``, whose update ends by appending its summed gradients to ``grads`` and zeroing them (as its AdamW
-    step would) instead of applying them: its weights stay as they were, for the next update to start from."""
-    from mindspore import ops
-
-    def capture(*hyper):
-        grads.append([acc.asnumpy().copy() for acc in pol._accumulators])
-        for acc in pol._accumulators:
-            acc.set_data(ops.zeros_like(acc))
-
-    pol._apply = capture
-    return pol
-
-
 @pytest.mark.parametrize("mode,loss_type", [("pynative", "grpo"), ("graph", "dapo")])
 def test_worker_update_leaves_truncated_completions_out_padded_and_packed(tmp_path, mode, loss_type):
     """A ModelWorker's update with truncated completions masked equals, padded and packed, the update on the same
@@ -283,7 +269,7 @@ def test_worker_update_leaves_truncated_completions_out_padded_and_packed(tmp_pa
 
     import mindspore as ms
 
-    from test_packing import B, NUM_GENERATIONS, VOCAB, make_rollouts, worker
+    from test_packing import B, NUM_GENERATIONS, VOCAB, capture_instead_of_applying, make_rollouts, worker
     from tiny_qwen import make_tiny_qwen2
 
     model_dir = make_tiny_qwen2(tmp_path / "model", layers=2, vocab=VOCAB)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from mindgrpo.config import ConfigError, GRPOConfig, validate
 from mindgrpo.train.distributed import DistInfo
@@ -133,6 +133,18 @@ def worker(model_dir: Path, loss_type: str, budget: int):
     return ModelWorker(validate(config, check_paths=False), DistInfo(), eos_token_id=VOCAB - 1, pad_token_id=PAD)
 
 
+def capture_instead_of_applying(pol, grads: list):
+    """``pol``, whose update ends by appending its summed gradients to ``grads`` and zeroing them (as its AdamW
+    step would) instead of applying them: its weights stay as they were, for the next update to start from."""
+    def capture(*hyper):
+        grads.append([acc.asnumpy().copy() for acc in pol._accumulators])
+        for acc in pol._accumulators:
+            acc.set_data(ops.zeros_like(acc))
+
+    pol._apply = capture
+    return pol
+
+
 @pytest.mark.parametrize("mode,loss_type", [("pynative", "grpo"), ("graph", "bnpo")])
 def test_packed_policy_equals_the_padded_one(model_dir, mode, loss_type):
     """grpo's per-sequence means and bnpo's per-micro-batch token means, whose micro-batches packing regroups
@@ -146,11 +158,10 @@ def test_packed_policy_equals_the_padded_one(model_dir, mode, loss_type):
         drift = (rng.normal(0, 0.3, rollouts.completion_mask.shape) * rollouts.completion_mask).astype(np.float32)
         results = {}
         for name, budget in (("padded", 0), ("packed", 4 * W)):
-            pol = worker(model_dir, loss_type, budget)
+            grads = []  # each optimizer step's gradients, reduced and clipped, instead of applying them
+            pol = capture_instead_of_applying(worker(model_dir, loss_type, budget), grads)
             ref = pol.reference_logprobs(rollouts)
             old = pol.actor_logprobs(rollouts) + drift  # an off-policy ratio, so the clip and KL terms are live
-            grads = []  # each optimizer step's gradients, reduced and clipped, instead of applying them
-            pol._apply = lambda *hyper, pol=pol: grads.append([acc.asnumpy().copy() for acc in pol._accumulators])
             metrics = pol.update(rollouts, advantages, old, ref, total_steps=1)
             results[name] = (ref, old, grads[0], metrics)
     finally:
