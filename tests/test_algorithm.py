@@ -7,7 +7,7 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm import (LOSS_IMPLS as IMPLS, LOSS_TYPES, METRICS, LossSettings, canonical_kl_estimator,
+from mindgrpo.algorithm import (LOSS_IMPLS as IMPLS, LOSS_TYPES, METRICS, LossConfig, canonical_kl_estimator,
                                 group_advantages, grpo_loss, kl_penalty, step_row_weights, token_entropy,
                                 token_logprobs)
 
@@ -101,10 +101,19 @@ def assert_close_to_reference(loss, grad, ref_loss, ref_grad, tol=1e-5):
     np.testing.assert_allclose(grad.asnumpy(), ref_grad, atol=tol, rtol=0)
 
 
-def loss_with(settings: LossSettings):
-    """The loss as a function of the batch, for one settings object (GRAPH mode needs a closure, not a default)."""
+def loss_config(cfg: dict, impl: str) -> LossConfig:
+    """The LossConfig of a reference case's settings (``cfg``: LossConfig fields over TRL's defaults, plus the
+    max_completion_length the loss takes as an argument)."""
+    return LossConfig.trl(**{k: v for k, v in cfg.items() if k != "max_completion_length"}, loss_impl=impl)
+
+
+def loss_with(cfg: dict, impl: str):
+    """The loss as a function of the batch, for one case (GRAPH mode needs a closure, not a default)."""
+    settings, limit = loss_config(cfg, impl), cfg.get("max_completion_length")
+
     def loss_fn(logp, old, ref, adv, mask, num_items):
-        return grpo_loss(logp, old, ref, adv, mask, cfg=settings, num_items_in_batch=num_items)[0]
+        return grpo_loss(logp, old, ref, adv, mask, cfg=settings, num_items_in_batch=num_items,
+                         max_completion_length=limit)[0]
     return loss_fn
 
 
@@ -115,7 +124,7 @@ def loss_with(settings: LossSettings):
 def test_all_trl_cases_match_loss_and_gradient(fixtures_dir, ms_mode, impl):
     """Every case of grpo_loss_reference.npz (4 loss types x beta x eps_high x KL correction) within 1e-5."""
     inputs, cases = load_trl(fixtures_dir)
-    grad_fns = tuple(ms.value_and_grad(loss_with(LossSettings(**cfg, impl=impl))) for _, cfg, _, _ in cases)
+    grad_fns = tuple(ms.value_and_grad(loss_with(cfg, impl)) for _, cfg, _, _ in cases)
 
     def all_cases(*args):  # one graph for all 24 cases: one compilation instead of 24
         return tuple(fn(*args) for fn in grad_fns)
@@ -133,7 +142,8 @@ def test_trl_fixture_metrics_match_reference(fixtures_dir, impl):
     for name, cfg, _, _ in cases:
         if "beta0.04" not in name:
             continue
-        _, metrics = grpo_loss(*trl_tensors(inputs)[:5], cfg=LossSettings(**cfg, impl=impl))
+        _, metrics = grpo_loss(*trl_tensors(inputs)[:5], cfg=loss_config(cfg, impl),
+                               max_completion_length=cfg["max_completion_length"])
         *_, ref_metrics = torch_reference(inputs["per_token_logps"], inputs["old_per_token_logps"],
                                           inputs["ref_per_token_logps"], inputs["advantages"],
                                           inputs["completion_mask"], **cfg)
@@ -156,9 +166,9 @@ def test_loss_matches_torch_reference(impl, loss_type, kl_estimator, use_bias_co
     logp, old, ref, adv, mask = random_batch(7, 5, 9, ref_scale=ref_scale, token_adv=loss_type == "bnpo")
     cfg = dict(loss_type=loss_type, beta=0.1, epsilon_low=0.2, epsilon_high=0.28, kl_estimator=kl_estimator,
                use_bias_correction_kl=use_bias_correction_kl, max_completion_length=12)
-    settings = LossSettings(**cfg, impl=impl)
+    settings = loss_config(cfg, impl)
     fn = ms.value_and_grad(lambda lp: grpo_loss(lp, Tensor(old), Tensor(ref), Tensor(adv), Tensor(mask),
-                                                cfg=settings, num_items_in_batch=40)[0])
+                                                cfg=settings, num_items_in_batch=40, max_completion_length=12)[0])
     loss, grad = fn(Tensor(logp))
     ref_loss, ref_grad, _ = torch_reference(logp, old, ref, adv, mask, num_items=40, **cfg)
     assert_close_to_reference(loss, grad, ref_loss, ref_grad)
@@ -167,7 +177,7 @@ def test_loss_matches_torch_reference(impl, loss_type, kl_estimator, use_bias_co
 @pytest.mark.parametrize("impl", IMPLS)
 def test_on_policy_ratio_is_one_but_carries_the_gradient(impl):
     logp, _, _, adv, mask = random_batch(3, 4, 6)
-    settings = LossSettings(loss_type="grpo", impl=impl)
+    settings = LossConfig.trl(loss_type="grpo", loss_impl=impl)
     fn = ms.value_and_grad(lambda lp: grpo_loss(lp, None, None, Tensor(adv), Tensor(mask), cfg=settings))
     (loss, metrics), grad = fn(Tensor(logp))
     ref_loss, ref_grad, ref_metrics = torch_reference(logp, None, None, adv, mask, loss_type="grpo", beta=0.0,
@@ -185,7 +195,8 @@ def _micro_batch_loss_and_grad(batch, rows, settings, grad_accum_steps, dp_size)
     num_items = Tensor(np.float32(mask.sum()))
     fn = ms.value_and_grad(lambda lp: grpo_loss(
         lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]), Tensor(mask[rows]), cfg=settings,
-        num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size)[0])
+        num_items_in_batch=num_items, grad_accum_steps=grad_accum_steps, dp_size=dp_size,
+        max_completion_length=10)[0])
     loss, grad = fn(Tensor(logp[rows]))
     return float(loss), grad.asnumpy()
 
@@ -195,8 +206,7 @@ def _micro_batch_loss_and_grad(batch, rows, settings, grad_accum_steps, dp_size)
 def test_accumulation_and_data_parallel_equal_one_big_batch(impl, loss_type):
     """2 ranks x 2 micro-batches: summed micro-batch gradients, averaged over ranks, equal the full batch's."""
     logp, old, ref, adv, mask = random_batch(11, 8, 10)
-    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
-                            max_completion_length=10, impl=impl)
+    settings = LossConfig.trl(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28, loss_impl=impl)
     batch = (logp, old, ref, adv, mask)
 
     def value_and_grad(rows, grad_accum_steps, dp_size):
@@ -224,8 +234,7 @@ def test_every_reduction_is_the_same_on_one_rank_and_on_two(impl, loss_type):
     ranks summing 2 each whose gradients the reducer averages, give the same gradient for every loss_type (bnpo's
     per-micro-batch token means included; dapo's num_items counts the tokens of both ranks)."""
     logp, old, ref, adv, mask = random_batch(13, 8, 10)
-    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
-                            max_completion_length=10, impl=impl)
+    settings = LossConfig.trl(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28, loss_impl=impl)
     batch = (logp, old, ref, adv, mask)
 
     def gradient(rows, grad_accum_steps, dp_size):
@@ -247,14 +256,15 @@ def test_row_weights_give_the_step_loss_however_sequences_are_grouped(impl, loss
     step_row_weights, they give the loss and gradient of the consecutive micro-batches of micro_batch_size (one rank
     of two: dapo's num_items counts both)."""
     logp, old, ref, adv, mask = random_batch(12, 8, 10)
-    settings = LossSettings(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28,
-                            max_completion_length=10, impl=impl)
+    settings = LossConfig.trl(loss_type=loss_type, beta=0.05, epsilon_low=0.2, epsilon_high=0.28, loss_impl=impl)
     num_items = float(mask.sum()) * 1.7  # the other rank's tokens too
-    weights = step_row_weights(settings, mask.sum(1), 4, dp_size=2, num_items_in_batch=num_items)
+    weights = step_row_weights(settings, mask.sum(1), 4, dp_size=2, num_items_in_batch=num_items,
+                               max_completion_length=10)
 
     def value_and_grad(rows, **reduce):
         fn = ms.value_and_grad(lambda lp: grpo_loss(lp, Tensor(old[rows]), Tensor(ref[rows]), Tensor(adv[rows]),
-                                                    Tensor(mask[rows]), cfg=settings, **reduce)[0])
+                                                    Tensor(mask[rows]), cfg=settings, max_completion_length=10,
+                                                    **reduce)[0])
         loss, grad = fn(Tensor(logp[rows]))
         return float(loss), grad.asnumpy()
 
@@ -276,33 +286,46 @@ def test_row_weights_give_the_step_loss_however_sequences_are_grouped(impl, loss
 # ---------------------------------------------------------------------------------------------------------------
 # Settings and input validation
 
-def test_loss_settings_defaults_and_validation():
-    default = LossSettings()
-    assert (default.loss_type, default.epsilon_high, default.use_bias_correction_kl) == ("dapo", 0.2, True)
-    assert LossSettings(kl_estimator="low_var_kl").kl_estimator == "k3"
-    assert LossSettings(kl_estimator="mse").kl_estimator == "k2"
-    with pytest.raises(ValueError, match="loss_type"):
-        LossSettings(loss_type="ppo")
-    with pytest.raises(ValueError, match="max_completion_length"):
-        LossSettings(loss_type="dr_grpo")
-    with pytest.raises(ValueError, match="kl_estimator"):
-        LossSettings(kl_estimator="k4")
-    with pytest.raises(ValueError, match="impl"):
-        LossSettings(impl="cuda")
-    with pytest.raises(ValueError, match="epsilon"):
-        LossSettings(epsilon_low=1.5)
+def test_loss_config_defaults_and_validation():
+    """A run's defaults are MindRLHF's (the rl_config group's), LossConfig.trl()'s TRL 1.16's; a bad value fails
+    at construction, naming the field."""
+    run, trl = LossConfig(), LossConfig.trl()
+    assert (run.loss_type, run.beta, run.use_bias_correction_kl) == ("grpo", 0.04, False)
+    assert (trl.loss_type, trl.beta, trl.epsilon_high, trl.use_bias_correction_kl) == ("dapo", 0.0, 0.2, True)
+    assert LossConfig.trl(epsilon_low=0.1).epsilon_high == 0.1
+    assert LossConfig(kl_estimator="low_var_kl").kl_estimator == "k3"
+    assert LossConfig(kl_estimator="mse").kl_estimator == "k2"
+    for bad, key in ((dict(loss_type="ppo"), "loss_type"), (dict(kl_estimator="k4"), "kl_estimator"),
+                     (dict(loss_impl="cuda"), "loss_impl"), (dict(epsilon_low=1.5), "epsilon_low"),
+                     (dict(beta=-0.1), "beta"), (dict(sapo_temperature_neg=0.0), "sapo_temperature_neg"),
+                     (dict(top_entropy_quantile=1.5), "top_entropy_quantile")):
+        with pytest.raises(ValueError, match=key):
+            LossConfig(**bad)
+
+
+def test_the_run_config_is_its_loss_group():
+    """rl_config is made of its concept groups; the loss group the step graphs hold is a copy of its fields."""
+    from mindgrpo.config import GRPOConfig
+    rl = GRPOConfig().rl_config
+    assert isinstance(rl, LossConfig) and LossConfig in type(rl).groups()
+    rl.loss_type, rl.kl_estimator, rl.epsilon_high = "dapo", "low_var_kl", 0.28
+    group = LossConfig.of(rl)
+    assert (group.loss_type, group.kl_estimator, group.epsilon_high) == ("dapo", "k3", 0.28)
+    assert type(group) is LossConfig
 
 
 def test_grpo_loss_rejects_inconsistent_inputs():
     logp, old, ref, adv, mask = (Tensor(x) for x in random_batch(0, 3, 4))
     with pytest.raises(ValueError, match="ref_logp"):
-        grpo_loss(logp, old, None, adv, mask, cfg=LossSettings(beta=0.1))
+        grpo_loss(logp, old, None, adv, mask, cfg=LossConfig.trl(beta=0.1))
+    with pytest.raises(ValueError, match="max_completion_length"):
+        grpo_loss(logp, old, ref, adv, mask, cfg=LossConfig.trl(loss_type="dr_grpo"))
     with pytest.raises(ValueError, match="num_items_in_batch"):
-        grpo_loss(logp, old, ref, adv, mask, cfg=LossSettings(), grad_accum_steps=2)
+        grpo_loss(logp, old, ref, adv, mask, cfg=LossConfig.trl(), grad_accum_steps=2)
     with pytest.raises(ValueError, match="mask"):
-        grpo_loss(logp, old, ref, adv, mask[:, :2], cfg=LossSettings())
+        grpo_loss(logp, old, ref, adv, mask[:, :2], cfg=LossConfig.trl())
     with pytest.raises(ValueError, match="advantages"):
-        grpo_loss(logp, old, ref, Tensor(np.zeros(5, np.float32)), mask, cfg=LossSettings())
+        grpo_loss(logp, old, ref, Tensor(np.zeros(5, np.float32)), mask, cfg=LossConfig.trl())
 
 
 # ---------------------------------------------------------------------------------------------------------------

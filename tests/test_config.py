@@ -119,6 +119,10 @@ def test_every_field_is_documented():
     assert len(lines) > 60
     undocumented = [line for line in lines if line.endswith(": ")]
     assert not undocumented, undocumented
+    # rl_config's keys, under a heading per concept group, in the order the groups are read
+    from mindgrpo.config import RLConfig
+    headings = [line.split(":")[0] for line in lines if line.startswith("# ")]
+    assert headings == [f"# rl_config.{group.__name__}" for group in RLConfig.groups()]
 
 
 @pytest.mark.parametrize("layout, world, device, needle", [

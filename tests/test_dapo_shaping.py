@@ -139,7 +139,7 @@ def test_a_masked_completion_gives_no_gradient_and_the_loss_is_the_others(ms_mod
     import mindspore as ms
     from mindspore import Tensor, nn
 
-    from mindgrpo.algorithm import LossSettings, grpo_loss, token_logprobs
+    from mindgrpo.algorithm import LossConfig, grpo_loss, token_logprobs
 
     class Loss(nn.Cell):
         def __init__(self, logits, settings):
@@ -161,7 +161,7 @@ def test_a_masked_completion_gives_no_gradient_and_the_loss_is_the_others(ms_mod
             return loss, grads[0]
 
     a = _masked_loss_case()
-    settings = LossSettings(loss_type=loss_type, beta=0.04, impl=impl)
+    settings = LossConfig.trl(loss_type=loss_type, beta=0.04, loss_impl=impl)
     rollouts = RolloutBatch(np.ones((1, 2), np.int32), np.ones((1, 2), np.int32), a["targets"], a["mask"],
                             a["truncated"], mask_truncated=True)
     mask = rollouts.loss_mask

@@ -202,14 +202,13 @@ def test_command_dispatch(capsys):
     ({"loss_impl": "plain"}, False),
 ])
 def test_a_broken_fused_op_fails_only_runs_that_call_it(monkeypatch, overrides, uses_kernel):
-    from mindgrpo.algorithm.loss import LossSettings
     from mindgrpo.config import GRPOConfig
     import mindgrpo.ops as ops_package
 
     config = GRPOConfig()
     for key, value in overrides.items():
         setattr(config.rl_config, key, value)
-    runs_fused = LossSettings.from_config(config).runs_fused
+    runs_fused = config.rl_config.runs_fused
     assert runs_fused is uses_kernel
 
     def broken(*args, **kwargs):

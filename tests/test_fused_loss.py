@@ -12,7 +12,7 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, KL_ESTIMATORS, METRICS, LossSettings, grpo_loss, token_logprobs
+from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, KL_ESTIMATORS, METRICS, LossConfig, grpo_loss, token_logprobs
 from mindgrpo.algorithm.loss import _metrics, _reduce, plain_token_loss
 from mindgrpo.ops import KL_CODES, ROW_STATS, KernelBuildError, build, fused_token_loss, hyper_params
 from aot_kernel import AotKernel
@@ -34,6 +34,10 @@ def test_kernel_abi_constants_agree_with_the_algorithm():
 # ---------------------------------------------------------------------------------------------------------------
 # Random cases and the float64 scale of their sums
 
+# dr_grpo's constant divisor (the generation limit), above every case's length.
+MAX_COMPLETION_LENGTH = 80
+
+
 def make_case(seed, batch, length, *, loss_type="dapo", beta=0.04, kl_estimator="k3", bias=True, eps_low=0.2,
               eps_high=0.28, on_policy=False, with_ref=True, token_adv=False, ratio_scale=0.3, ref_scale=0.2):
     rng = np.random.default_rng(seed)
@@ -46,9 +50,8 @@ def make_case(seed, batch, length, *, loss_type="dapo", beta=0.04, kl_estimator=
     adv = rng.standard_normal((batch, length) if token_adv else batch)
     arrays = {k: v.astype(np.float32) for k, v in
               dict(logp=logp, old=old, ref=ref, adv=adv, mask=mask).items()}
-    cfg = LossSettings(loss_type=loss_type, beta=beta if with_ref else 0.0, epsilon_low=eps_low,
-                       epsilon_high=eps_high, kl_estimator=kl_estimator, use_bias_correction_kl=bias,
-                       max_completion_length=length + 3)
+    cfg = LossConfig(loss_type=loss_type, beta=beta if with_ref else 0.0, epsilon_low=eps_low,
+                     epsilon_high=eps_high, kl_estimator=kl_estimator, use_bias_correction_kl=bias)
     return arrays, cfg, on_policy, with_ref
 
 
@@ -77,16 +80,16 @@ def loss_scale(a, cfg, on_policy, with_ref, num_items):
     if cfg.loss_type == "bnpo":
         return rows.sum() / max(counts.sum(), 1)
     if cfg.loss_type == "dr_grpo":
-        return rows.sum() / (batch * cfg.max_completion_length)
+        return rows.sum() / (batch * MAX_COMPLETION_LENGTH)
     return rows.sum() / max(num_items, 1)
 
 
 def loss_and_grad_fn(cfg, impl, on_policy, with_ref):
-    settings = dataclasses.replace(cfg, impl=impl)
+    settings = dataclasses.replace(cfg, loss_impl=impl)
 
     def loss_fn(logp, old, ref, adv, mask, num_items):
         return grpo_loss(logp, None if on_policy else old, ref if with_ref else None, adv, mask, cfg=settings,
-                         num_items_in_batch=num_items)
+                         num_items_in_batch=num_items, max_completion_length=MAX_COMPLETION_LENGTH)
 
     return ms.value_and_grad(loss_fn, grad_position=0, has_aux=True)
 
@@ -104,7 +107,7 @@ def reference64(a, cfg, on_policy, with_ref):
     def loss_fn(logp):
         old = ops.stop_gradient(logp) if on_policy else t["old"]
         rows, stats, means = plain_token_loss(logp, old, t["ref"] if with_ref else None, t["adv"], t["mask"], cfg)
-        return _reduce(rows, stats, means, cfg, num_items, 1, 1), _metrics(means)
+        return _reduce(rows, stats, means, cfg, num_items, 1, 1, MAX_COMPLETION_LENGTH), _metrics(means)
 
     return ms.value_and_grad(loss_fn, has_aux=True)(t["logp"])
 
@@ -233,7 +236,7 @@ class TinyActor(nn.Cell):
 
 
 class LossNet(nn.Cell):
-    def __init__(self, actor: nn.Cell, cfg: LossSettings):
+    def __init__(self, actor: nn.Cell, cfg: LossConfig):
         super().__init__()
         self.actor, self.cfg = actor, cfg
 
@@ -265,7 +268,7 @@ def test_fused_op_trains_inside_a_cell_with_value_and_grad(ms_mode):
     histories, finals = {}, {}
     for impl in ("fused", "plain"):
         actor = TinyActor(logits)
-        step = TrainStep(LossNet(actor, dataclasses.replace(cfg, impl=impl)),
+        step = TrainStep(LossNet(actor, dataclasses.replace(cfg, loss_impl=impl)),
                          nn.SGD(actor.trainable_params(), learning_rate=2.0))
         histories[impl] = [float(step(*inputs)[0]) for _ in range(3)]
         finals[impl] = actor.logits.asnumpy()
@@ -315,7 +318,7 @@ def test_compile_error_shows_command_and_compiler_output(scratch_build):
 
 def test_missing_compiler_is_a_clear_error(scratch_build, monkeypatch):
     monkeypatch.setenv("CXX", "/nonexistent/g++")
-    with pytest.raises(KernelBuildError, match="not found.*impl='plain'"):
+    with pytest.raises(KernelBuildError, match="not found.*loss_impl: plain"):
         build.build_cpu_kernel()
 
 

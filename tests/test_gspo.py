@@ -9,7 +9,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 import mindgrpo.algorithm.loss as loss_module
-from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, LOSS_TYPES, LossSettings, grpo_loss, step_row_weights
+from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, LOSS_TYPES, LossConfig, grpo_loss, step_row_weights
 from mindgrpo.algorithm.registry import IMPORTANCE_SAMPLING_LEVELS
 from mindgrpo.config import GRPOConfig, validate
 from mindgrpo.config.schema import ConfigError
@@ -110,7 +110,8 @@ def test_sequence_level_matches_trl_loss_and_gradient(trl_inputs, ms_mode):
     level: test_fused_setting_runs_the_plain_ops_at_sequence_level.)"""
     x, _ = trl_inputs
     grid = list(settings_grid())
-    fns = [ms.value_and_grad(_loss_fn(LossSettings(**cfg, impl="plain", importance_sampling_level="sequence")))
+    fns = [ms.value_and_grad(_loss_fn(LossConfig.trl(**{k: v for k, v in cfg.items() if k != "max_completion_length"},
+                                                     loss_impl="plain", importance_sampling_level="sequence")))
            for cfg in grid]
 
     def all_cases(logp, old, ref, adv, mask, num_items):
@@ -144,7 +145,8 @@ def test_sequence_level_matches_trl_loss_and_gradient(trl_inputs, ms_mode):
 
 def _loss_fn(settings):
     def loss_fn(logp, old, ref, adv, mask, num_items):
-        return grpo_loss(logp, old, ref, adv, mask, cfg=settings, num_items_in_batch=num_items)[0]
+        return grpo_loss(logp, old, ref, adv, mask, cfg=settings, num_items_in_batch=num_items,
+                         max_completion_length=12)[0]
     return loss_fn
 
 
@@ -173,9 +175,9 @@ def pynative():
 def test_fused_setting_runs_the_plain_ops_at_sequence_level(trl_inputs, monkeypatch, pynative):
     """impl='fused' with sequence level never calls the fused kernel and returns the plain result exactly."""
     x, _ = trl_inputs
-    fused = LossSettings(loss_type="grpo", beta=0.04, impl="fused", importance_sampling_level="sequence")
-    plain = LossSettings(loss_type="grpo", beta=0.04, impl="plain", importance_sampling_level="sequence")
-    assert not fused.runs_fused and not plain.runs_fused and LossSettings(impl="fused").runs_fused
+    fused = LossConfig.trl(loss_type="grpo", beta=0.04, loss_impl="fused", importance_sampling_level="sequence")
+    plain = LossConfig.trl(loss_type="grpo", beta=0.04, loss_impl="plain", importance_sampling_level="sequence")
+    assert not fused.runs_fused and not plain.runs_fused and LossConfig.trl(loss_impl="fused").runs_fused
     args = tuple(Tensor(x[k]) for k in ("per_token_logps", "old_per_token_logps", "ref_per_token_logps",
                                         "advantages", "completion_mask"))
     want = ms.value_and_grad(lambda lp: grpo_loss(lp, *args[1:], cfg=plain), has_aux=True)(args[0])
@@ -195,12 +197,13 @@ def test_sequence_level_row_weights_equal_the_reduction(trl_inputs, loss_type, p
     """Packed training's per-sequence weights give the same loss and gradient at sequence level (the ratio is
     computed within each completion's row, so regrouping rows cannot change it)."""
     x, _ = trl_inputs
-    settings = LossSettings(loss_type=loss_type, beta=0.04, max_completion_length=12, impl="plain",
-                            importance_sampling_level="sequence")
+    settings = LossConfig.trl(loss_type=loss_type, beta=0.04, loss_impl="plain", importance_sampling_level="sequence")
     args = tuple(Tensor(x[k]) for k in ("old_per_token_logps", "ref_per_token_logps", "advantages",
                                         "completion_mask"))
-    weights = step_row_weights(settings, x["completion_mask"].sum(1), 8, num_items_in_batch=70.0)
-    reduced = ms.value_and_grad(lambda lp: grpo_loss(lp, *args, cfg=settings, num_items_in_batch=70)[0])
+    weights = step_row_weights(settings, x["completion_mask"].sum(1), 8, num_items_in_batch=70.0,
+                               max_completion_length=12)
+    reduced = ms.value_and_grad(lambda lp: grpo_loss(lp, *args, cfg=settings, num_items_in_batch=70,
+                                                     max_completion_length=12)[0])
     weighted = ms.value_and_grad(lambda lp: grpo_loss(lp, *args, cfg=settings, row_weights=Tensor(weights))[0])
     (loss_a, grad_a), (loss_b, grad_b) = (fn(Tensor(x["per_token_logps"])) for fn in (reduced, weighted))
     assert float(loss_b) == pytest.approx(float(loss_a), abs=1e-6)
@@ -211,7 +214,7 @@ def test_config_key_default_choices_and_errors():
     assert IMPORTANCE_SAMPLING_LEVELS == ("token", "sequence")
     config = GRPOConfig()
     assert config.rl_config.importance_sampling_level == "token"
-    assert LossSettings().importance_sampling_level == "token"
+    assert LossConfig().importance_sampling_level == "token"
     config.rl_config.importance_sampling_level = "sequence"
     validate(config, check_paths=False)
     config.rl_config.importance_sampling_level = "sentence"
@@ -219,7 +222,7 @@ def test_config_key_default_choices_and_errors():
                                           "sequence"):
         validate(config, check_paths=False)
     with pytest.raises(ValueError, match="importance_sampling_level"):
-        LossSettings(importance_sampling_level="sentence")
+        LossConfig(importance_sampling_level="sentence")
 
 
 # ---- in the trainer --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 import mindgrpo.algorithm.loss as loss_module
-from mindgrpo.algorithm import LossSettings, grpo_loss, token_entropy, token_logprobs
+from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.algorithm.loss import high_entropy_mask, rollout_correction_weight
 from mindgrpo.algorithm.registry import LOSS_TYPES, ROLLOUT_CORRECTIONS
 from mindgrpo.config import GRPOConfig, validate
@@ -41,9 +41,9 @@ def reference():
     return inputs, cases
 
 
-def loss_settings(settings: dict, impl: str) -> LossSettings:
+def loss_settings(settings: dict, impl: str) -> LossConfig:
     fields = {k: v for k, v in settings.items() if k != "on_policy"}
-    return LossSettings(**fields, impl=impl, epsilon_low=0.2, use_bias_correction_kl=True, max_completion_length=12)
+    return LossConfig.trl(**fields, loss_impl=impl, epsilon_low=0.2)
 
 
 def test_reference_covers_every_option(reference):
@@ -148,7 +148,8 @@ GRAPH_ON_POLICY = ("cispo_eps1.1_onpolicy", "sapo_onpolicy", "gspo_grpo_onpolicy
 def _case_loss(cfg, on_policy):
     def loss_fn(logp, entropy, old, ref, adv, mask, sampling, num_items):
         return grpo_loss(logp, None if on_policy else old, ref if cfg.beta > 0 else None, adv, mask, cfg=cfg,
-                         num_items_in_batch=num_items, entropy=entropy, sampling_logp=sampling)[0]
+                         num_items_in_batch=num_items, max_completion_length=12, entropy=entropy,
+                         sampling_logp=sampling)[0]
     return loss_fn
 
 
@@ -216,10 +217,10 @@ def verl_policy_loss(logits, ids, old, adv, mask, loss_type, coef, eps=0.2):
     return float(loss.detach()), z.grad.numpy()
 
 
-def _logits_loss(cfg):
+def _logits_loss(cfg, max_completion_length):
     def loss_fn(z, ids, old, adv, mask):
         return grpo_loss(token_logprobs(z, ids), old, None, adv, mask, cfg=cfg,
-                         entropy=token_entropy(z, keep_gradient=True))[0]
+                         max_completion_length=max_completion_length, entropy=token_entropy(z, keep_gradient=True))[0]
     return loss_fn
 
 
@@ -238,9 +239,8 @@ def test_entropy_bonus_matches_verl(ms_mode, impl):
     old = (logp64 + 0.3 * rng.standard_normal((b, t))).astype(np.float32)
     coef = 0.05
     types = ("grpo", "bnpo", "dr_grpo", "dapo")
-    cfgs = [LossSettings(loss_type=lt, epsilon_low=0.2, max_completion_length=t, entropy_coef=coef, impl=impl)
-            for lt in types]
-    fns = [ms.value_and_grad(_logits_loss(cfg)) for cfg in cfgs]
+    cfgs = [LossConfig.trl(loss_type=lt, epsilon_low=0.2, entropy_coef=coef, loss_impl=impl) for lt in types]
+    fns = [ms.value_and_grad(_logits_loss(cfg, t)) for cfg in cfgs]
 
     def all_cases(*args):
         return tuple(fn(*args) for fn in fns)
@@ -276,7 +276,7 @@ FALLBACKS = [dict(loss_type="cispo", epsilon_high=1.1), dict(loss_type="sapo"), 
 def test_fused_setting_falls_back_to_the_plain_ops(reference, monkeypatch, pynative, options):
     """impl='fused' with an option the kernel lacks never calls it and returns the plain result exactly."""
     x, _ = reference
-    fused, plain = (LossSettings(beta=0.04, **options, impl=impl) for impl in ("fused", "plain"))
+    fused, plain = (LossConfig.trl(beta=0.04, **options, loss_impl=impl) for impl in ("fused", "plain"))
     assert not fused.runs_fused
     args = [Tensor(x[k]) for k in ("old_per_token_logps", "ref_per_token_logps", "advantages")]
     kwargs = dict(entropy=Tensor(x["entropies"]), sampling_logp=Tensor(x["sampling_per_token_logps"]))
@@ -302,7 +302,7 @@ def test_entropy_bonus_keeps_the_fused_kernel(reference, pynative):
     """The entropy bonus is added after the per-token kernel: the fused setting still runs it, and agrees with the
     plain ops to 1e-6."""
     x, _ = reference
-    fused = LossSettings(beta=0.04, entropy_coef=0.05, impl="fused")
+    fused = LossConfig.trl(beta=0.04, entropy_coef=0.05, loss_impl="fused")
     assert fused.runs_fused
     mask = Tensor(x["completion_mask"].astype(np.float32))
     args = [Tensor(x[k]) for k in ("old_per_token_logps", "ref_per_token_logps", "advantages")]
@@ -312,8 +312,8 @@ def test_entropy_bonus_keeps_the_fused_kernel(reference, pynative):
                                grad_position=(0, 1))
         return fn(Tensor(x["per_token_logps"]), Tensor(x["entropies"]))
 
-    (loss_f, (grad_f, ent_f)), (loss_p, (grad_p, ent_p)) = run(fused), run(LossSettings(
-        beta=0.04, entropy_coef=0.05, impl="plain"))
+    (loss_f, (grad_f, ent_f)), (loss_p, (grad_p, ent_p)) = run(fused), run(LossConfig.trl(
+        beta=0.04, entropy_coef=0.05, loss_impl="plain"))
     assert abs(float(loss_f) - float(loss_p)) < 1e-6
     np.testing.assert_allclose(grad_f.asnumpy(), grad_p.asnumpy(), atol=1e-6, rtol=0)
     np.testing.assert_allclose(ent_f.asnumpy(), ent_p.asnumpy(), atol=1e-7, rtol=0)
@@ -325,9 +325,9 @@ def test_missing_inputs_are_named(reference, pynative):
     args = [Tensor(x[k]) for k in ("per_token_logps", "old_per_token_logps")]
     adv, mask = Tensor(x["advantages"]), Tensor(x["completion_mask"].astype(np.float32))
     with pytest.raises(ValueError, match="pass entropy"):
-        grpo_loss(*args, None, adv, mask, cfg=LossSettings(top_entropy_quantile=0.2))
+        grpo_loss(*args, None, adv, mask, cfg=LossConfig.trl(top_entropy_quantile=0.2))
     with pytest.raises(ValueError, match="pass sampling_logp"):
-        grpo_loss(*args, None, adv, mask, cfg=LossSettings(rollout_correction="token_mask"))
+        grpo_loss(*args, None, adv, mask, cfg=LossConfig.trl(rollout_correction="token_mask"))
 
 
 # ---- configuration ----------------------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import mindgrpo  # noqa: F401  (must precede MindSpore: configures logging)
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm import LossSettings, grpo_loss
+from mindgrpo.algorithm import LossConfig, grpo_loss
 
 ARRAYS_MOVED = 7  # forward reads 4 [B, T] arrays and writes 1, backward reads 1 and writes 1
 
@@ -48,8 +48,8 @@ def make_inputs(batch: int, length: int, seed: int = 0) -> tuple[Tensor, ...]:
 
 def make_step(impl: str):
     """The trainer's pattern: value_and_grad of the loss (metrics as aux) under ms.jit."""
-    cfg = LossSettings(loss_type="dapo", beta=0.04, epsilon_low=0.2, epsilon_high=0.28, kl_estimator="k3",
-                       use_bias_correction_kl=True, impl=impl)
+    cfg = LossConfig(loss_type="dapo", beta=0.04, epsilon_low=0.2, epsilon_high=0.28, kl_estimator="k3",
+                     use_bias_correction_kl=True, loss_impl=impl)
 
     def loss_fn(logp, old, ref, adv, mask, num_items):
         return grpo_loss(logp, old, ref, adv, mask, cfg=cfg, num_items_in_batch=num_items)

@@ -7,7 +7,7 @@ from mindgrpo._lazy import lazy_attributes
 
 _LAZY = {
     "group_advantages": "advantages", "global_batch_std": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
-    "METRICS": "loss", "LossSettings": "loss", "grpo_loss": "loss", "plain_token_loss": "loss",
+    "METRICS": "loss", "LossConfig": "loss", "grpo_loss": "loss", "plain_token_loss": "loss",
     "step_row_weights": "loss",
     "LOSS_IMPLS": "registry", "KL_ESTIMATORS": "registry", "LOSS_TYPES": "registry", "CLIPPED_LOSS_TYPES": "registry",
     "SCALE_REWARDS": "registry",

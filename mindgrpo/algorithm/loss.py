@@ -48,15 +48,15 @@ weight in the step's loss as the consecutive micro-batches of ``micro_batch_size
 ``grpo_loss(row_weights=...)`` sums with those weights: the same loss and gradient however the sequences are grouped.
 
 With G = W = 1 these are TRL 1.16's formulas (``_compute_loss``); the test suite holds them to TRL's own numbers.
-The per-token part runs either as one fused custom op (``impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
-(``impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here. The fused
+The per-token part runs either as one fused custom op (``loss_impl="fused"``, mindgrpo.ops) or as plain MindSpore ops
+(``loss_impl="plain"``, the reference and fallback); both return the same per-sequence sums, reduced here. The fused
 kernel computes the clipped surrogate at token level with w = 1; everything else (GSPO's sequence-level ratio,
-cispo, sapo, the entropy mask, rollout correction) runs the plain ops, whatever ``impl`` says
-(``LossSettings.runs_fused``). The entropy bonus is added after the kernel and works with both.
+cispo, sapo, the entropy mask, rollout correction) runs the plain ops, whatever ``loss_impl`` says
+(``LossConfig.runs_fused``). The entropy bonus is added after the kernel and works with both.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import Callable, Dict
 
 import numpy as np
 
@@ -64,8 +64,8 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.algorithm.kl import exact_exp, kl_penalty
-from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES,
-                                         ROLLOUT_CORRECTIONS, canonical, canonical_kl_estimator)
+from mindgrpo.algorithm.registry import CLIPPED_LOSS_TYPES, LOSS_REDUCTIONS, LOSS_TYPES
+from mindgrpo.config.schema import LossConfig
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
 # Names of the entries of grpo_loss's metrics vector, in order: the masked token means of ROW_STATS[1:7] (see
@@ -73,134 +73,117 @@ from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 METRICS = ("pg_loss", "kl", "clipfrac_low", "clipfrac_high", "clipfrac", "ppo_kl")
 
 
-@dataclass(frozen=True)
-class LossSettings:
-    """How the GRPO loss is computed (names follow TRL's GRPOConfig and verl's actor config).
+# ----------------------------------------------------------------------------------------------------------------
+# Surrogates, by loss_type (verl's ``register_policy_loss``): the per-token policy term pg of the module docstring
+# and its low / high clip indicators (float32 [B, T]), from the ratio r, the advantages A ([B, 1] or [B, T]) and
+# logp. A new surrogate registers here and names itself in mindgrpo.algorithm.registry.LOSS_TYPES (the config's
+# list); the check below the reductions keeps the two in step.
 
-    The defaults are TRL 1.16's, for calling :func:`grpo_loss` on its own. A training run never uses them:
-    :class:`mindgrpo.train.model_worker.ModelWorker` passes every field from ``rl_config``, whose defaults
-    (:mod:`mindgrpo.config.schema`, MindRLHF's) differ: ``loss_type`` grpo, ``beta`` 0.04, no KL bias correction.
+SURROGATES: Dict[str, Callable] = {}
 
-    Attributes:
-        loss_type: token-loss reduction (see the module docstring). ``"grpo"``: mean over each sequence's tokens,
-            then over sequences (DeepSeekMath; long completions weigh less per token). ``"bnpo"``: mean over all
-            active tokens of the local batch. ``"dr_grpo"``: sum divided by the constant ``B *
-            max_completion_length`` (Dr. GRPO, no length bias). ``"dapo"`` (TRL's default): sum divided by the
-            active tokens of the whole global batch (DAPO's token-level loss, exact under accumulation / DP).
-            ``"cispo"`` (MiniMax-M1, ScaleRL): REINFORCE with the importance weight clipped at ``epsilon_high``
-            from above and detached, reduced as dapo. ``"sapo"`` (Soft Adaptive Policy Optimization): a
-            sigmoid-gated soft clip with temperatures ``sapo_temperature_pos`` / ``_neg``, reduced as grpo.
-        beta: KL coefficient (TRL ``beta``, verl ``kl_loss_coef``); 0 disables the KL term and the reference model.
-        epsilon_low: lower clip, the ratio is clipped at ``1 - epsilon_low`` (TRL ``epsilon``, verl ``clip_ratio_low``).
-        epsilon_high: upper clip at ``1 + epsilon_high`` (TRL/verl ``epsilon_high``/``clip_ratio_high``); DAPO's
-            clip-higher uses 0.28 to keep exploration alive. Defaults to ``epsilon_low`` as in TRL. With ``cispo``
-            it is the cap eps_max of the ratio itself (TRL's meaning; ScaleRL recommends 5.0).
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (verl ``kl_loss_type``: ``kl``, ``mse``, ``low_var_kl``; see
-            mindgrpo.algorithm.kl). TRL always uses k3.
-        use_bias_correction_kl: multiply the KL estimate by the importance ratio, not detached (TRL 1.16 default,
-            from DeepSeek-V3.2: unbiased KL gradient when sampling off-policy). Only matters when ``beta > 0``.
-        max_completion_length: the generation length limit; required by ``dr_grpo`` (its constant divisor).
-        impl: ``"fused"`` (one custom op for the per-token work, CPU AOT kernel or Ascend C) or ``"plain"``
-            (MindSpore element-wise ops; the reference). ``"fused"`` runs the plain ops for the settings the
-            kernel does not compute (GSPO, cispo, sapo, the entropy mask, rollout correction: :attr:`runs_fused`).
-        importance_sampling_level: ``"token"`` (one ratio per token, GRPO) or ``"sequence"`` (GSPO, TRL 1.16's
-            ``importance_sampling_level="sequence"``: the masked mean of each sequence's log-ratios, exponentiated,
-            is the ratio of all its tokens, in the clipped surrogate and in the KL bias correction; not detached).
-            The fused kernel works token by token and has no per-sequence pre-pass, so ``"sequence"`` always runs
-            the plain ops, whatever ``impl`` says. TRL recommends ``loss_type="grpo"`` with it (the token-summing
-            reductions weigh each sequence by its length) but allows every type; so does this.
-        sapo_temperature_pos: SAPO's temperature for tokens with positive advantage (TRL's default 1.0).
-        sapo_temperature_neg: SAPO's temperature for the others (TRL's default 1.05).
-        top_entropy_quantile: rho, the fraction of highest-entropy tokens kept in the policy term (TRL's
-            ``top_entropy_quantile``; the paper uses 0.2); 1.0 keeps all. Needs ``grpo_loss(entropy=...)``.
-        entropy_coef: weight of the entropy bonus (verl's ``entropy_coeff``); 0 is off. Needs the entropy with
-            its gradient.
-        rollout_correction: ``"none"`` or one of TRL's four ``vllm_importance_sampling_mode`` values (see the
-            module docstring). Needs ``grpo_loss(sampling_logp=...)``.
-        rollout_correction_cap: the cap C of the correction weight (TRL's ``vllm_importance_sampling_clip_max``,
-            default 3.0).
-    """
 
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    epsilon_low: float = 0.2
-    epsilon_high: float | None = None
-    kl_estimator: str = "k3"
-    use_bias_correction_kl: bool = True
-    max_completion_length: int | None = None
-    impl: str = "fused"
-    importance_sampling_level: str = "token"
-    sapo_temperature_pos: float = 1.0
-    sapo_temperature_neg: float = 1.05
-    top_entropy_quantile: float = 1.0
-    entropy_coef: float = 0.0
-    rollout_correction: str = "none"
-    rollout_correction_cap: float = 3.0
+def register_surrogate(*loss_types: str) -> Callable:
+    def add(fn: Callable) -> Callable:
+        for name in loss_types:
+            SURROGATES[name] = fn
+        return fn
+    return add
 
-    @classmethod
-    def from_config(cls, config) -> "LossSettings":
-        """The settings a run uses: every field from ``config.rl_config`` (a :class:`mindgrpo.config.GRPOConfig`),
-        the generation limit for ``dr_grpo``. The trainer and the doctor both build them here."""
-        rl = config.rl_config
-        return cls(loss_type=rl.loss_type, beta=rl.beta, epsilon_low=rl.epsilon_low, epsilon_high=rl.epsilon_high,
-                   kl_estimator=rl.kl_estimator, use_bias_correction_kl=rl.use_bias_correction_kl,
-                   max_completion_length=config.generate_config.sampling_config.max_tokens, impl=rl.loss_impl,
-                   importance_sampling_level=rl.importance_sampling_level,
-                   sapo_temperature_pos=rl.sapo_temperature_pos, sapo_temperature_neg=rl.sapo_temperature_neg,
-                   top_entropy_quantile=rl.top_entropy_quantile, entropy_coef=rl.entropy_coef,
-                   rollout_correction=rl.rollout_correction, rollout_correction_cap=rl.rollout_correction_cap)
 
-    def __post_init__(self) -> None:
-        canonical("importance_sampling_level", self.importance_sampling_level, IMPORTANCE_SAMPLING_LEVELS)
-        canonical("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTIONS)
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            raise ValueError(f"top_entropy_quantile must be in [0, 1], got {self.top_entropy_quantile}")
-        if self.entropy_coef < 0 or self.rollout_correction_cap <= 0:
-            raise ValueError(f"need entropy_coef >= 0 and rollout_correction_cap > 0, got {self.entropy_coef} and "
-                             f"{self.rollout_correction_cap}")
-        if self.sapo_temperature_pos <= 0 or self.sapo_temperature_neg <= 0:
-            raise ValueError(f"SAPO temperatures must be > 0, got {self.sapo_temperature_pos} and "
-                             f"{self.sapo_temperature_neg}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if self.impl not in LOSS_IMPLS:
-            raise ValueError(f"impl must be one of {LOSS_IMPLS}, got {self.impl!r}")
-        if self.beta < 0:
-            raise ValueError(f"beta must be >= 0, got {self.beta}")
-        if self.epsilon_high is None:
-            object.__setattr__(self, "epsilon_high", self.epsilon_low)
-        if not 0 <= self.epsilon_low < 1 or self.epsilon_high < 0:
-            raise ValueError(f"need 0 <= epsilon_low < 1 and epsilon_high >= 0, got "
-                             f"{self.epsilon_low} and {self.epsilon_high}")
-        object.__setattr__(self, "kl_estimator", canonical_kl_estimator(self.kl_estimator))
-        if self.loss_type == "dr_grpo" and not (self.max_completion_length and self.max_completion_length > 0):
-            raise ValueError("loss_type='dr_grpo' divides by max_completion_length: set it to the generation limit")
+@register_surrogate(*CLIPPED_LOSS_TYPES)
+def clipped_surrogate(ratio: Tensor, adv: Tensor, logp: Tensor, cfg: LossConfig):
+    """PPO's clip: -min(r A, clamp(r, 1 - eps_low, 1 + eps_high) A). Clipped: r below the range with A < 0 (low),
+    above it with A > 0 (high): the tokens whose gradient the clip removed."""
+    low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
+    pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
+    clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
+    clip_high = ops.logical_and(ratio > high_bound, adv > 0).astype(ms.float32)
+    return pg, clip_low, clip_high
 
-    @property
-    def runs_fused(self) -> bool:
-        """Whether the fused op computes the per-token loss. It does for ``impl="fused"`` with the clipped
-        surrogate (grpo, bnpo, dr_grpo, dapo) at token level, without entropy mask or rollout correction, with or
-        without KL and entropy bonus. Every other combination runs the plain ops: a sequence-level ratio needs
-        each row's sum before any token's loss, which the one-pass kernel does not make; cispo and sapo are other
-        surrogates, and the entropy mask and correction weights are extra per-token inputs the kernel does not
-        take."""
-        return (self.impl == "fused" and self.importance_sampling_level == "token"
-                and self.loss_type in CLIPPED_LOSS_TYPES and self.top_entropy_quantile == 1.0
-                and self.rollout_correction == "none")
 
-    @property
-    def reduction(self) -> str:
-        """The token reduction of ``loss_type``: itself for the four reductions, dapo for cispo, grpo for sapo."""
-        return LOSS_REDUCTIONS.get(self.loss_type, self.loss_type)
+@register_surrogate("cispo")
+def cispo_surrogate(ratio: Tensor, adv: Tensor, logp: Tensor, cfg: LossConfig):
+    """CISPO (MiniMax-M1): -sg(min(r, eps_max)) A logp, REINFORCE weighted by the detached ratio capped at eps_max
+    (``epsilon_high``): every token keeps a gradient (-w A). High clips: r above eps_max with A > 0 (TRL's
+    ``cispo_clip_ratio``)."""
+    pg = -ops.stop_gradient(ops.minimum(ratio, cfg.epsilon_high)) * adv * logp
+    return pg, ops.zeros_like(logp), ops.logical_and(ratio > cfg.epsilon_high, adv > 0).astype(ms.float32)
 
-    @property
-    def needs_entropy(self) -> bool:
-        """Whether :func:`grpo_loss` needs the per-token entropy (entropy mask or bonus)."""
-        return self.top_entropy_quantile < 1.0 or self.entropy_coef > 0
+
+@register_surrogate("sapo")
+def sapo_surrogate(ratio: Tensor, adv: Tensor, logp: Tensor, cfg: LossConfig):
+    """SAPO: -sigmoid(tau (r - 1)) 4 / tau A, tau = sapo_temperature_pos where A > 0, else _neg; clips nothing."""
+    positive = (adv > 0).astype(ms.float32)
+    tau = cfg.sapo_temperature_neg + (cfg.sapo_temperature_pos - cfg.sapo_temperature_neg) * positive
+    pg = -ops.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
+    no_clip = ops.zeros_like(logp)
+    return pg, no_clip, no_clip
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Reductions, by LossConfig.reduction (verl's ``loss_agg_mode``): each gives every sequence its weight in the loss,
+# so that the loss is sum_i w_i * sum_t m*l. The same function serves one micro-batch in the graph (Tensors:
+# ``_reduce``) and a whole step on the host (numpy: ``step_row_weights``, for packed training): ``row_tokens`` are
+# each sequence's active tokens, ``batch_tokens`` its micro-batch's, ``total_tokens`` the step's on all ranks
+# (dapo's N; the micro-batch's when not given); the constants are B sequences per micro-batch (``rows``), G
+# micro-batches per optimizer step (their gradients are summed), W data-parallel ranks (averaged by the reducer) and
+# dr_grpo's max_completion_length.
+
+REDUCTIONS: Dict[str, Callable] = {}
+
+
+def register_reduction(name: str) -> Callable:
+    def add(fn: Callable) -> Callable:
+        REDUCTIONS[name] = fn
+        return fn
+    return add
+
+
+def _check_divisor(cfg: LossConfig, max_completion_length: int | None) -> None:
+    if cfg.reduction == "dr_grpo" and not (max_completion_length and max_completion_length > 0):
+        raise ValueError("loss_type='dr_grpo' divides by max_completion_length: pass the generation limit")
+
+
+def _at_least_one(tokens):
+    """max(tokens, 1): of a Tensor in the graph, a numpy array on the host, or a number."""
+    if isinstance(tokens, Tensor):
+        return ops.clamp(tokens, min=1.0)
+    if isinstance(tokens, np.ndarray):
+        return np.maximum(tokens, 1.0)
+    return max(float(tokens), 1.0)
+
+
+@register_reduction("grpo")
+def grpo_reduction(row_tokens, batch_tokens, total_tokens, rows, micro_batches, dp_size, max_completion_length):
+    """mean_i( sum_t m*l / max(1, sum_t m) ) / G: each sequence's token mean, then the mean over sequences."""
+    return 1.0 / (_at_least_one(row_tokens) * (rows * micro_batches))
+
+
+@register_reduction("bnpo")
+def bnpo_reduction(row_tokens, batch_tokens, total_tokens, rows, micro_batches, dp_size, max_completion_length):
+    """sum_{i,t} m*l / max(1, sum_{i,t} m) / G: the micro-batch's token mean, then the mean over micro-batches."""
+    return 1.0 / (_at_least_one(batch_tokens) * micro_batches)
+
+
+@register_reduction("dr_grpo")
+def dr_grpo_reduction(row_tokens, batch_tokens, total_tokens, rows, micro_batches, dp_size, max_completion_length):
+    """sum_{i,t} m*l / (B * max_completion_length) / G: a constant divisor, no length bias."""
+    return 1.0 / (rows * max_completion_length * micro_batches)
+
+
+@register_reduction("dapo")
+def dapo_reduction(row_tokens, batch_tokens, total_tokens, rows, micro_batches, dp_size, max_completion_length):
+    """sum_{i,t} m*l * W / max(1, N): the token mean of the whole global batch (the x W undoes the reducer's mean)."""
+    return dp_size / _at_least_one(total_tokens)
+
+
+if set(SURROGATES) != set(LOSS_TYPES) or {LOSS_REDUCTIONS.get(t, t) for t in LOSS_TYPES} - set(REDUCTIONS):
+    raise ImportError(f"mindgrpo.algorithm.registry.LOSS_TYPES {LOSS_TYPES} and the surrogates {sorted(SURROGATES)} "
+                      f"and reductions {sorted(REDUCTIONS)} registered in {__name__} differ: register every name")
 
 
 def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor,
-                     cfg: LossSettings, token_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+                     cfg: LossConfig, token_weight: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """The per-token loss with plain MindSpore ops: the reference for the fused op, same outputs.
 
     ``token_weight`` [B, T] (no gradient) multiplies the policy term: w of the module docstring, None for 1.
@@ -219,21 +202,7 @@ def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, ad
                                                                               min=1.0)
         log_ratio = ops.broadcast_to(row_mean, logp.shape)
     ratio = exact_exp(log_ratio)
-    no_clip = ops.zeros_like(logp)
-    if cfg.loss_type == "cispo":
-        # REINFORCE weighted by the detached ratio capped at eps_max: every token keeps a gradient (-w * A).
-        pg = -ops.stop_gradient(ops.minimum(ratio, cfg.epsilon_high)) * adv * logp
-        clip_low, clip_high = no_clip, ops.logical_and(ratio > cfg.epsilon_high, adv > 0).astype(ms.float32)
-    elif cfg.loss_type == "sapo":
-        positive = (adv > 0).astype(ms.float32)
-        tau = cfg.sapo_temperature_neg + (cfg.sapo_temperature_pos - cfg.sapo_temperature_neg) * positive
-        pg = -ops.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau * adv
-        clip_low = clip_high = no_clip
-    else:
-        low_bound, high_bound = 1.0 - cfg.epsilon_low, 1.0 + cfg.epsilon_high
-        pg = -ops.minimum(ratio * adv, ops.clamp(ratio, low_bound, high_bound) * adv)
-        clip_low = ops.logical_and(ratio < low_bound, adv < 0).astype(ms.float32)
-        clip_high = ops.logical_and(ratio > high_bound, adv > 0).astype(ms.float32)
+    pg, clip_low, clip_high = SURROGATES[cfg.loss_type](ratio, adv, logp, cfg)
     if token_weight is not None:
         pg = pg * token_weight
     if ref_logp is None:
@@ -250,48 +219,40 @@ def plain_token_loss(logp: Tensor, old_logp: Tensor, ref_logp: Tensor | None, ad
     return row_loss, row_stats, batch_means(row_stats)
 
 
-def _reduce(row_loss: Tensor, row_stats: Tensor, means: Tensor, cfg: LossSettings,
-            num_items_in_batch: int | float | Tensor | None, grad_accum_steps: int, dp_size: int) -> Tensor:
-    """One scalar from the per-sequence sums, per ``cfg.loss_type`` (formulas in the module docstring).
+def _reduce(row_loss: Tensor, row_stats: Tensor, means: Tensor, cfg: LossConfig,
+            num_items_in_batch: int | float | Tensor | None, grad_accum_steps: int, dp_size: int,
+            max_completion_length: int | None) -> Tensor:
+    """One scalar from the per-sequence sums, per ``cfg.reduction`` (formulas in the module docstring).
 
     ``row_stats[:, 0]`` holds each sequence's active tokens and ``means[0]`` the micro-batch's.
     """
-    batch = row_loss.shape[0]
-    if cfg.reduction == "grpo":
-        return (row_loss / ops.clamp(row_stats[:, 0], min=1.0)).sum() / (batch * grad_accum_steps)
-    if cfg.reduction == "bnpo":
-        return row_loss.sum() / ops.clamp(means[0], min=1.0) / grad_accum_steps
-    if cfg.reduction == "dr_grpo":
-        return row_loss.sum() / (batch * cfg.max_completion_length * grad_accum_steps)
     if num_items_in_batch is None:
-        total = ops.clamp(means[0], min=1.0)
+        total = means[0]
     elif isinstance(num_items_in_batch, Tensor):
-        total = ops.clamp(num_items_in_batch.astype(ms.float32), min=1.0)
+        total = num_items_in_batch.astype(ms.float32)
     else:
-        total = max(1.0, float(num_items_in_batch))
-    return row_loss.sum() * dp_size / total
+        total = float(num_items_in_batch)
+    weights = REDUCTIONS[cfg.reduction](row_stats[:, 0], means[0], total, row_loss.shape[0], grad_accum_steps, dp_size,
+                                        max_completion_length)
+    return (row_loss * weights).sum()
 
 
-def step_row_weights(cfg: LossSettings, lengths: np.ndarray, micro_batch_size: int, *, dp_size: int = 1,
-                     num_items_in_batch: float = 0.0) -> np.ndarray:
+def step_row_weights(cfg: LossConfig, lengths: np.ndarray, micro_batch_size: int, *, dp_size: int = 1,
+                     num_items_in_batch: float = 0.0, max_completion_length: int | None = None) -> np.ndarray:
     """float32 [N]: each of this rank's N sequences' weight in the optimizer step's loss, so that
     sum_i w_i * sum_t m*l is the sum of ``_reduce`` over consecutive micro-batches of ``micro_batch_size`` sequences
-    (G = N / micro_batch_size of them). ``lengths`` [N]: each sequence's active tokens (sum_t m);
-    ``num_items_in_batch``: ``dapo``'s active tokens of the step on all ranks."""
+    (G = N / micro_batch_size of them): the same registered reduction, given every micro-batch at once.
+    ``lengths`` [N]: each sequence's active tokens (sum_t m); ``num_items_in_batch``: ``dapo``'s active tokens of
+    the step on all ranks; ``max_completion_length``: ``dr_grpo``'s divisor."""
     lengths = np.asarray(lengths, np.float64)
     n = len(lengths)
     if n % micro_batch_size:
         raise ValueError(f"micro_batch_size {micro_batch_size} must divide the {n} sequences of the step")
-    if cfg.reduction == "grpo":
-        weights = 1.0 / (np.maximum(lengths, 1.0) * n)
-    elif cfg.reduction == "bnpo":  # each micro-batch's token mean, then the mean over micro-batches
-        tokens = lengths.reshape(-1, micro_batch_size).sum(1)
-        weights = np.repeat(1.0 / (np.maximum(tokens, 1.0) * (n // micro_batch_size)), micro_batch_size)
-    elif cfg.reduction == "dr_grpo":
-        weights = np.full(n, 1.0 / (n * cfg.max_completion_length))
-    else:
-        weights = np.full(n, dp_size / max(1.0, float(num_items_in_batch)))
-    return weights.astype(np.float32)
+    _check_divisor(cfg, max_completion_length)
+    batch_tokens = np.repeat(lengths.reshape(-1, micro_batch_size).sum(1), micro_batch_size)
+    weights = REDUCTIONS[cfg.reduction](lengths, batch_tokens, float(num_items_in_batch), micro_batch_size,
+                                        n // micro_batch_size, dp_size, max_completion_length)
+    return np.broadcast_to(weights, (n,)).astype(np.float32)
 
 
 def _metrics(means: Tensor) -> Tensor:
@@ -342,8 +303,9 @@ def rollout_correction_weight(old_logp: Tensor, sampling_logp: Tensor, mask: Ten
 
 
 def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, advantages: Tensor, mask: Tensor, *,
-              cfg: LossSettings, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
-              dp_size: int = 1, row_weights: Tensor | None = None, entropy: Tensor | None = None,
+              cfg: LossConfig, num_items_in_batch: int | float | Tensor | None = None, grad_accum_steps: int = 1,
+              dp_size: int = 1, max_completion_length: int | None = None, row_weights: Tensor | None = None,
+              entropy: Tensor | None = None,
               sampling_logp: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """GRPO loss of one micro-batch and its metrics; call it inside the differentiated function.
 
@@ -362,6 +324,7 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
             batch (then G and W must be 1).
         grad_accum_steps: G, micro-batches per optimizer step whose gradients the trainer sums.
         dp_size: W, data-parallel ranks whose gradients the reducer averages.
+        max_completion_length: the generation limit; ``dr_grpo``'s constant divisor (required for it).
         row_weights: [B] float32, each sequence's weight from :func:`step_row_weights`: the loss is then
             sum_i row_weights_i * sum_t m*l, and ``num_items_in_batch``, ``grad_accum_steps`` and ``dp_size`` are
             not used (the weights hold them).
@@ -387,6 +350,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
     if sampling_logp is None and cfg.rollout_correction != "none":
         raise ValueError(f"rollout_correction={cfg.rollout_correction!r} needs the rollout engine's log-probs: "
                          "pass sampling_logp")
+    if row_weights is None:
+        _check_divisor(cfg, max_completion_length)
     if cfg.loss_type == "dapo" and num_items_in_batch is None and (grad_accum_steps != 1 or dp_size != 1):
         raise ValueError("loss_type='dapo' with gradient accumulation or data parallelism needs num_items_in_batch: "
                          "the active tokens summed over all micro-batches and ranks of the optimizer step")
@@ -424,7 +389,8 @@ def grpo_loss(logp: Tensor, old_logp: Tensor | None, ref_logp: Tensor | None, ad
         # verl: the entropy is aggregated as the loss is, then subtracted; the same reduction does it here.
         row_loss = row_loss - cfg.entropy_coef * (_float32(entropy) * mask).sum(axis=-1)
     if row_weights is None:
-        loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size)
+        loss = _reduce(row_loss, row_stats, means, cfg, num_items_in_batch, grad_accum_steps, dp_size,
+                       max_completion_length)
     else:
         loss = (row_loss * ops.stop_gradient(_float32(row_weights))).sum()
     return loss, ops.stop_gradient(_metrics(means))

@@ -165,14 +165,14 @@ def check_decode_kernels(target: str, decode_impl: str = "fused", backend: str =
 
 def check_fused_op(target: str, runs_fused: bool = True) -> Check:
     """Compile (or find in the cache) the fused loss kernel, run it once and compare it with the plain ops.
-    ``runs_fused``: whether the run's loss uses the kernel (``LossSettings.runs_fused``); a broken kernel is only
+    ``runs_fused``: whether the run's loss uses the kernel (``LossConfig.runs_fused``); a broken kernel is only
     a warning for a run that never calls it (loss_impl plain, or a setting that falls back to the plain ops)."""
     import numpy as np
 
     import mindspore as ms
     from mindspore import Tensor
 
-    from mindgrpo.algorithm.loss import LossSettings, plain_token_loss
+    from mindgrpo.algorithm.loss import LossConfig, plain_token_loss
     from mindgrpo.ops import KernelBuildError, build_cpu_kernel, fused_token_loss, hyper_params
 
     fix = ("python -m mindgrpo.ops --ascend (with CANN), or set rl_config.loss_impl=plain" if target == "Ascend"
@@ -187,7 +187,7 @@ def check_fused_op(target: str, runs_fused: bool = True) -> Check:
         logp, old, ref = (Tensor(rng.normal(-1.0, 0.3, (4, 16)).astype(np.float32)) for _ in range(3))
         adv = Tensor(rng.normal(size=4).astype(np.float32))
         mask = Tensor((rng.random((4, 16)) > 0.2).astype(np.float32))
-        cfg = LossSettings(beta=0.04)
+        cfg = LossConfig.trl(beta=0.04)
         hyper = hyper_params(cfg.beta, cfg.epsilon_low, cfg.epsilon_high, cfg.kl_estimator,
                              cfg.use_bias_correction_kl, True)
         fused = fused_token_loss(logp, old, ref, adv, mask, hyper)
@@ -465,13 +465,7 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     device, count = detect_device()
     yield from check_device(device, count)
     if config is not None:
-        from mindgrpo.algorithm.loss import LossSettings  # MindSpore: loaded only once the config is known good
-
-        try:
-            runs_fused = LossSettings.from_config(config).runs_fused
-        except ValueError:  # already reported by the config check; judge the kernel as a run would call it
-            runs_fused = config.rl_config.loss_impl == "fused"
-        yield check_fused_op(device, runs_fused)
+        yield check_fused_op(device, config.rl_config.runs_fused)
     else:
         yield check_fused_op(device)
     generate = config.generate_config if config else None

@@ -18,6 +18,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
+from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS,
+                                         LOSS_TYPES, ROLLOUT_CORRECTIONS, canonical, canonical_kl_estimator)
+
 class ConfigError(ValueError):
     """A configuration problem, with the key and where it came from."""
 
@@ -216,7 +219,9 @@ class RewardConfig:
 
 
 @dataclass
-class RLConfig:
+class RunConfig:
+    """Where a run reads and writes, and how it executes."""
+
     dataset_file: str = field(default="", metadata=INPUT_PATH)
     """MindRecord made by tools/rlhf_data.py (command line: --dataset_file)."""
     tokenizer_dir: str = field(default="", metadata=INPUT_PATH)
@@ -224,27 +229,62 @@ class RLConfig:
     (command line: --tokenizer_dir)."""
     output_dir: str = field(default="output", metadata=OUTPUT_PATH)
     """Run folder: metrics.jsonl, tensorboard/, completions.jsonl."""
-    save_checkpoint_dir: str = field(default="", metadata=OUTPUT_PATH)
-    """Checkpoint folder; empty means <output_dir>/checkpoints (command line: --save_checkpoint_dir)."""
-    resume_training: bool = False
-    """Continue from the newest complete checkpoint in save_checkpoint_dir (command line: --resume_training)."""
     seed: int = 0
     """Seed for data order, sampling and initialisation."""
     mode: str = "graph"
     """MindSpore execution mode: ``graph`` (compiled, fast) or ``pynative`` (eager, for debugging)."""
     device_target: str = "auto"
     """``auto`` (what MindSpore finds), ``CPU`` or ``Ascend``."""
+
+
+@dataclass
+class ScheduleConfig:
+    """How many steps, of how many prompts, with how many passes each."""
+
     epochs: int = 1
     """Passes over the dataset; ignored when max_steps > 0."""
     max_steps: int = 0
     """Training steps (each: one batch of prompts); 0 means epochs x steps per epoch."""
     batch_size: int = 4
     """Prompts per step on each data-parallel rank."""
-    num_generations: int = 8
-    """Completions sampled per prompt (the GRPO group size)."""
     num_iterations: int = 1
     """Optimizer passes over each batch of rollouts (the inner PPO epochs, mu in the GRPO paper). With more than
     one, log-probs of the sampling policy are computed once and the ratio is clipped against them."""
+    steps_per_generation: int = 1
+    """Optimizer steps fed by one generation round (TRL's ``steps_per_generation``): a round samples
+    ``batch_size x steps_per_generation`` prompts, and the next steps_per_generation steps each train on
+    ``batch_size`` of their groups, in order (each step with its num_iterations passes). The old policy's
+    log-probs are computed once at generation, so the later steps' ratios are against the sampling policy.
+    Advantages are computed over the whole generation (as TRL). With num_iterations = mu, one generation feeds
+    steps_per_generation x mu optimizer updates, as in TRL, but ordered step by step (each step's mu passes over its
+    own groups, then the next step's) where TRL makes each pass over all the generation's groups: here a step stays
+    one batch of prompts with its metrics line and learning-rate schedule position. Checkpoints are saved only
+    between generations: save_ckpt_interval and max_steps must be multiples of it."""
+
+
+@dataclass
+class GenerationConfig:
+    """The groups of completions each step samples (TRL's generation parameters)."""
+
+    num_generations: int = 8
+    """Completions sampled per prompt (the GRPO group size)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): drop the groups whose rewards are all equal
+    (no learning signal) and generate from more prompts until ``batch_size`` groups are kept, up to
+    ``max_generation_batches`` rounds. At the limit the step trains on what was kept (the empty slots are filled
+    with dropped groups left out of the loss, so shapes stay static) and says so in ``grpo/generation_batches``
+    and ``grpo/unfilled_groups``; the run never stops for it. Under data parallelism every rank does as many
+    rounds as the rank that needs most. Every round reads a new batch of prompts, so with ``epochs`` a run reads
+    more than ``epochs`` passes of the data (its step count is unchanged). See mindgrpo.train.generation."""
+    max_generation_batches: int = 10
+    """The most generation rounds of one step under dynamic_sampling (verl's ``max_num_gen_batches``; DAPO's recipe
+    uses 10). Each round reads the next batch of prompts from the dataset."""
+
+
+@dataclass
+class ShapesConfig:
+    """The token shapes every graph is compiled for."""
+
     max_prompt_length: int = 512
     """Longest prompt in tokens (prompts were padded or rejected to this by the data tool)."""
     prompt_bucket: int = PROMPT_LENGTH_BUCKET
@@ -255,6 +295,18 @@ class RLConfig:
     for. GRPOTrainer.precompile() compiles only the widths the run's batches reach."""
     seq_length: int = 1024
     """Longest prompt + completion in tokens; max_prompt_length + sampling max_tokens must fit."""
+    share_prompt: bool = True
+    """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
+    completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
+    tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
+    ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
+    unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
+
+
+@dataclass
+class KLConfig:
+    """The KL penalty to the reference model."""
+
     beta: float = 0.04
     """Weight of the KL penalty to the reference model; 0 skips the reference model entirely."""
     kl_estimator: str = "k3"
@@ -263,10 +315,17 @@ class RLConfig:
     use_bias_correction_kl: bool = False
     """Multiply the k3 KL by the importance ratio (DeepSeek-V3.2; on by default in TRL 1.16, off here as in
     MindRLHF's GRPO)."""
-    epsilon_low: float = 0.2
-    """Lower clip range: ratios below 1 - epsilon_low are clipped."""
-    epsilon_high: float = 0.2
-    """Upper clip range: ratios above 1 + epsilon_high are clipped (DAPO's clip-higher uses 0.28)."""
+
+
+@dataclass
+class LossConfig(KLConfig):
+    """The policy loss: the clipped surrogate (or another, by ``loss_type``), its options, and the KL term.
+
+    This group is what :func:`mindgrpo.algorithm.grpo_loss` reads (``cfg=``): a run passes the loss group of its
+    ``rl_config`` (:meth:`of`); standalone calls build one, or start from TRL 1.16's defaults with :meth:`trl`.
+    Constructing one checks it (a ValueError naming the field); the loader checks the yaml's with file and line.
+    """
+
     loss_type: str = "grpo"
     """Loss aggregation: ``grpo`` (token mean per sequence, then batch mean; DeepSeekMath and MindRLHF),
     ``bnpo`` (token mean over the local batch), ``dr_grpo`` (token sum / (batch x max_tokens)), ``dapo`` (token
@@ -275,6 +334,10 @@ class RLConfig:
     detached, times advantage x log-prob; reduced as dapo) and ``sapo`` (Soft Adaptive Policy Optimization:
     sigmoid(tau (r - 1)) x 4 / tau x advantage, tau from sapo_temperature_pos/neg; reduced as grpo). Both run the
     plain loss ops whatever loss_impl says."""
+    epsilon_low: float = 0.2
+    """Lower clip range: ratios below 1 - epsilon_low are clipped."""
+    epsilon_high: float = 0.2
+    """Upper clip range: ratios above 1 + epsilon_high are clipped (DAPO's clip-higher uses 0.28)."""
     importance_sampling_level: str = "token"
     """Where the importance ratio is taken (TRL 1.16's ``importance_sampling_level``): ``token`` (one ratio per
     token, GRPO) or ``sequence`` (GSPO, Zheng et al. 2025: the masked mean of each completion's log-ratios,
@@ -301,20 +364,78 @@ class RLConfig:
     is off. Needs the engine's per-token log-probs. Not ``none``: the plain loss ops run whatever loss_impl says."""
     rollout_correction_cap: float = 3.0
     """The cap of the rollout-correction weight (TRL's ``vllm_importance_sampling_clip_max``)."""
-    scale_rewards: str = "group"
-    """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
-    (Dr. GRPO: no division)."""
     loss_impl: str = "fused"
     """``fused`` (one custom kernel for surrogate + KL + metrics) or ``plain`` (MindSpore ops; the reference). The
     kernel computes the clipped surrogate (loss_type grpo, bnpo, dr_grpo, dapo) at token level, with or without KL
     and entropy_coef; with importance_sampling_level sequence, loss_type cispo or sapo, top_entropy_quantile below
     1 or a rollout_correction, ``fused`` runs the plain ops (same numbers)."""
-    share_prompt: bool = True
-    """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
-    completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
-    tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
-    ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
-    unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
+
+
+    def __post_init__(self) -> None:
+        self.kl_estimator = canonical_kl_estimator(self.kl_estimator)
+        for key, choices in (("loss_type", LOSS_TYPES), ("loss_impl", LOSS_IMPLS),
+                             ("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS),
+                             ("rollout_correction", ROLLOUT_CORRECTIONS)):
+            canonical(key, getattr(self, key), choices)
+        problems = self.range_problems()
+        if problems:
+            raise ValueError(problems[0])
+
+    def range_problems(self, prefix: str = "") -> List[str]:
+        """What is out of range, one message per field (``prefix`` names the group: ``rl_config.``)."""
+        problems = [f"{prefix}{key} = {getattr(self, key)}: must not be negative"
+                    for key in ("beta", "epsilon_high", "entropy_coef") if getattr(self, key) < 0]
+        if not 0 <= self.epsilon_low < 1:
+            problems.append(f"{prefix}epsilon_low = {self.epsilon_low}: must be in [0, 1)")
+        problems += [f"{prefix}{key} = {getattr(self, key)}: must be > 0"
+                     for key in ("sapo_temperature_pos", "sapo_temperature_neg", "rollout_correction_cap")
+                     if not getattr(self, key) > 0]
+        if not 0 <= self.top_entropy_quantile <= 1:
+            problems.append(f"{prefix}top_entropy_quantile = {self.top_entropy_quantile}: must be in [0, 1] (1: off)")
+        return problems
+
+    @classmethod
+    def of(cls, config: "LossConfig") -> "LossConfig":
+        """The loss group of ``config`` (an ``RLConfig``, which is a LossConfig with the other groups), on its own:
+        what the step graphs hold, rather than the whole run configuration."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def trl(cls, **fields: Any) -> "LossConfig":
+        """TRL 1.16's ``GRPOConfig`` defaults, with ``fields`` over them: ``loss_type`` dapo, ``beta`` 0, the KL bias
+        correction on, ``epsilon_high`` equal to ``epsilon_low``. (A run's defaults above are MindRLHF's.)"""
+        fields.setdefault("epsilon_high", fields.get("epsilon_low", 0.2))
+        return cls(**{"loss_type": "dapo", "beta": 0.0, "use_bias_correction_kl": True, **fields})
+
+    @property
+    def runs_fused(self) -> bool:
+        """Whether the fused op computes the per-token loss: for ``loss_impl`` fused with the clipped surrogate
+        (grpo, bnpo, dr_grpo, dapo) at token level, without entropy mask or rollout correction, with or without KL
+        and entropy bonus. Every other combination runs the plain ops: a sequence-level ratio needs each row's sum
+        before any token's loss, which the one-pass kernel does not make; cispo and sapo are other surrogates, and
+        the entropy mask and correction weights are extra per-token inputs the kernel does not take."""
+        return (self.loss_impl == "fused" and self.importance_sampling_level == "token"
+                and self.loss_type in CLIPPED_LOSS_TYPES and self.top_entropy_quantile == 1.0
+                and self.rollout_correction == "none")
+
+    @property
+    def reduction(self) -> str:
+        """The token reduction of ``loss_type``: itself for the four reductions, dapo for cispo, grpo for sapo."""
+        return LOSS_REDUCTIONS.get(self.loss_type, self.loss_type)
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether the loss needs the per-token entropy (entropy mask or bonus)."""
+        return self.top_entropy_quantile < 1.0 or self.entropy_coef > 0
+
+
+@dataclass
+class RewardShapingConfig:
+    """What turns rewards into advantages, and which completions the loss sees."""
+
+    scale_rewards: str = "group"
+    """Advantage scaling: ``group`` (divide by the group's reward std), ``batch`` (by the batch std), ``none``
+    (Dr. GRPO: no division)."""
     overlong_buffer_length: int = 0
     """DAPO's soft overlong punishment (verl's ``reward_model.overlong_buffer.len``): a completion longer than
     max_tokens - overlong_buffer_length loses overlong_penalty_factor x (its excess / overlong_buffer_length) of
@@ -326,27 +447,16 @@ class RLConfig:
     """Leave completions that reached max_tokens without EOS out of the loss (mask 0 on all their tokens), as
     TRL's ``mask_truncated_completions`` (DAPO's overlong filtering). They keep their rewards and still count in
     their group's mean and std, as in TRL."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling (verl's ``algorithm.filter_groups``): drop the groups whose rewards are all equal
-    (no learning signal) and generate from more prompts until ``batch_size`` groups are kept, up to
-    ``max_generation_batches`` rounds. At the limit the step trains on what was kept (the empty slots are filled
-    with dropped groups left out of the loss, so shapes stay static) and says so in ``grpo/generation_batches``
-    and ``grpo/unfilled_groups``; the run never stops for it. Under data parallelism every rank does as many
-    rounds as the rank that needs most. Every round reads a new batch of prompts, so with ``epochs`` a run reads
-    more than ``epochs`` passes of the data (its step count is unchanged). See mindgrpo.train.generation."""
-    max_generation_batches: int = 10
-    """The most generation rounds of one step under dynamic_sampling (verl's ``max_num_gen_batches``; DAPO's recipe
-    uses 10). Each round reads the next batch of prompts from the dataset."""
-    steps_per_generation: int = 1
-    """Optimizer steps fed by one generation round (TRL's ``steps_per_generation``): a round samples
-    ``batch_size x steps_per_generation`` prompts, and the next steps_per_generation steps each train on
-    ``batch_size`` of their groups, in order (each step with its num_iterations passes). The old policy's
-    log-probs are computed once at generation, so the later steps' ratios are against the sampling policy.
-    Advantages are computed over the whole generation (as TRL). With num_iterations = mu, one generation feeds
-    steps_per_generation x mu optimizer updates, as in TRL, but ordered step by step (each step's mu passes over its
-    own groups, then the next step's) where TRL makes each pass over all the generation's groups: here a step stays
-    one batch of prompts with its metrics line and learning-rate schedule position. Checkpoints are saved only
-    between generations: save_ckpt_interval and max_steps must be multiples of it."""
+
+
+@dataclass
+class CheckpointConfig:
+    """Checkpoints, completion dumps and the run's tolerance of bad updates."""
+
+    save_checkpoint_dir: str = field(default="", metadata=OUTPUT_PATH)
+    """Checkpoint folder; empty means <output_dir>/checkpoints (command line: --save_checkpoint_dir)."""
+    resume_training: bool = False
+    """Continue from the newest complete checkpoint in save_checkpoint_dir (command line: --resume_training)."""
     save_ckpt_interval: int = 100
     """Save a checkpoint every this many steps (and at the end); 0 saves only at the end."""
     save_max_ckpt_num: int = 1
@@ -358,6 +468,18 @@ class RLConfig:
     max_skipped_updates: int = 3
     """Consecutive optimizer updates skipped for a non-finite loss or gradient (the weights are kept; each is
     counted in ``grpo/skipped_updates``) before the run stops with an error. Formerly ``max_skipped_steps``."""
+
+@dataclass
+class RLConfig(CheckpointConfig, RewardShapingConfig, LossConfig, ShapesConfig, GenerationConfig, ScheduleConfig,
+               RunConfig):
+    """``rl_config``: one flat yaml group (MindRLHF's keys as they are), made of the concept groups above, as TRL's
+    GRPOConfig sections its own. A dataclass lists inherited fields from the last base to the first, so the yaml
+    and ``config-help`` read RunConfig's keys first; :meth:`groups` gives the groups in that order."""
+
+    @classmethod
+    def groups(cls) -> List[type]:
+        """The concept groups, in reading order (each owns the fields it declares)."""
+        return [base for base in reversed(cls.__mro__) if base not in (object, cls) and dataclasses.is_dataclass(base)]
 
 
 @dataclass
@@ -405,7 +527,15 @@ class GRPOConfig:
 # Field documentation (the strings under each field)
 
 def field_docs(cls: type) -> Dict[str, str]:
-    """Attribute docstrings of a dataclass, read from its source."""
+    """Attribute docstrings of a dataclass, read from its source and its dataclass bases' (RLConfig's groups)."""
+    docs: Dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_own_field_docs(klass))
+    return docs
+
+
+def _own_field_docs(cls: type) -> Dict[str, str]:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     except (OSError, TypeError):
@@ -420,13 +550,20 @@ def field_docs(cls: type) -> Dict[str, str]:
 
 
 def describe(cls: type = GRPOConfig, prefix: str = "") -> List[str]:
-    """One line per leaf key: ``group.key (type, default): documentation``."""
+    """One line per leaf key: ``group.key (type, default): documentation``; a group made of concept groups
+    (``rl_config``) has a ``# group.Concept: documentation`` line before each concept's keys."""
     lines: List[str] = []
     docs = field_docs(cls)
     hints = typing.get_type_hints(cls)
+    concept = None
     for f in dataclasses.fields(cls):
         if f.metadata.get("internal"):
             continue
+        owner = _declaring_class(cls, f.name)
+        if owner is not cls and owner is not concept:
+            concept = owner
+            summary = " ".join((owner.__doc__ or "").split("\n\n")[0].split())  # the docstring's first paragraph
+            lines.append(f"# {prefix}{owner.__name__}: {summary}")
         key = f"{prefix}{f.name}"
         if dataclasses.is_dataclass(hints[f.name]):
             lines.extend(describe(hints[f.name], key + "."))
@@ -434,6 +571,10 @@ def describe(cls: type = GRPOConfig, prefix: str = "") -> List[str]:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
             lines.append(f"{key} ({_type_name(hints[f.name])}, default {default!r}): {docs.get(f.name, '')}")
     return lines
+
+
+def _declaring_class(cls: type, name: str) -> type:
+    return next(klass for klass in cls.__mro__ if name in vars(klass).get("__annotations__", {}))
 
 
 def _type_name(tp: Any) -> str:

@@ -113,38 +113,22 @@ def _range_problems(config: GRPOConfig) -> List[str]:
         "rl_config.save_max_ckpt_num": rl.save_max_ckpt_num, "rl_config.epochs": rl.epochs,
     }
     problems = [f"{k} = {v}: must be at least 1" for k, v in positive.items() if v < 1]
-    nonneg = {"rl_config.beta": rl.beta, "rl_config.epsilon_low": rl.epsilon_low,
-              "rl_config.epsilon_high": rl.epsilon_high, "rl_config.max_steps": rl.max_steps,
+    nonneg = {"rl_config.max_steps": rl.max_steps,
               "rl_config.save_ckpt_interval": rl.save_ckpt_interval,
               "actor_config.lr_schedule.learning_rate": sched.learning_rate,
               "actor_config.lr_schedule.warmup_steps": sched.warmup_steps,
               "actor_config.optimizer.max_grad_norm": config.actor_config.optimizer.max_grad_norm,
               "generate_config.sampling_config.min_tokens": sampling.min_tokens}
     problems += [f"{k} = {v}: must not be negative" for k, v in nonneg.items() if v < 0]
-    if not 0 <= rl.epsilon_low < 1:
-        problems.append(f"rl_config.epsilon_low = {rl.epsilon_low}: must be in [0, 1)")
-    problems += _loss_option_problems(config)
+    problems += rl.range_problems("rl_config.")
+    if rl.entropy_coef > 0 and config.actor_config.parallel_config.model_parallel > 1:
+        problems.append(f"rl_config.entropy_coef = {rl.entropy_coef} with actor_config.parallel_config."
+                        "model_parallel > 1: the vocabulary-parallel entropy has no gradient; set entropy_coef: 0")
     if sampling.temperature <= 0:
         problems.append(f"generate_config.sampling_config.temperature = {sampling.temperature}: must be > 0 "
                         "(use top_k: 1 for greedy decoding)")
     if not 0 < sampling.top_p <= 1:
         problems.append(f"generate_config.sampling_config.top_p = {sampling.top_p}: must be in (0, 1]")
-    return problems
-
-
-def _loss_option_problems(config: GRPOConfig) -> List[str]:
-    """CISPO / SAPO / entropy / rollout-correction settings (mindgrpo.algorithm.loss)."""
-    rl = config.rl_config
-    problems = [f"rl_config.{key} = {value}: must be > 0" for key, value in (
-        ("sapo_temperature_pos", rl.sapo_temperature_pos), ("sapo_temperature_neg", rl.sapo_temperature_neg),
-        ("rollout_correction_cap", rl.rollout_correction_cap)) if not value > 0]
-    if not 0 <= rl.top_entropy_quantile <= 1:
-        problems.append(f"rl_config.top_entropy_quantile = {rl.top_entropy_quantile}: must be in [0, 1] (1: off)")
-    if not rl.entropy_coef >= 0:
-        problems.append(f"rl_config.entropy_coef = {rl.entropy_coef}: must not be negative (0: off)")
-    elif rl.entropy_coef > 0 and config.actor_config.parallel_config.model_parallel > 1:
-        problems.append(f"rl_config.entropy_coef = {rl.entropy_coef} with actor_config.parallel_config."
-                        "model_parallel > 1: the vocabulary-parallel entropy has no gradient; set entropy_coef: 0")
     return problems
 
 

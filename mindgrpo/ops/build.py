@@ -39,7 +39,7 @@ def _without(source: Path) -> str:
     """How to run without the kernel built from ``source``, for the error when it cannot be built."""
     if source.name == DECODE_STEP_SOURCE.name:
         return "Set generate_config.decode_impl: plain to run without it."
-    return "Use LossSettings(impl='plain') (rl_config.loss_impl: plain) to run without it."
+    return "Set rl_config.loss_impl: plain (LossConfig(loss_impl='plain')) to run without it."
 
 
 class KernelBuildError(RuntimeError):

@@ -86,7 +86,7 @@ def _primitive() -> tuple[ops.Custom, bool]:
         shapes, dtypes = _cpu_forward_shapes, _cpu_forward_dtypes
     else:
         raise NotImplementedError(f"the fused GRPO loss has kernels for CPU and Ascend, not {device_target!r}; "
-                                  "use LossSettings(impl='plain')")
+                                  "use LossConfig(loss_impl='plain')")
     token_grad_index = outputs.index("token_grad")
     grad_op = ops.Custom(bwd_name, out_shape=_grad_shape, out_dtype=_grad_dtype, func_type="aot",
                          reg_info=bwd_reg)

@@ -25,7 +25,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn
 
-from mindgrpo.algorithm import METRICS, LossSettings, global_batch_std, group_advantages, step_row_weights
+from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
 from mindgrpo.models.export import export_hf_arrays
@@ -78,7 +78,7 @@ class ModelWorker:
             name: tuple(param.shape) for name, param in self._hf_params.items()}
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
-        self.settings = LossSettings.from_config(config)
+        self.settings = LossConfig.of(rl)
         derived = Derived(config)
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
@@ -87,7 +87,8 @@ class ModelWorker:
         loss_cell = (PackedLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy)
                      if self.pack_rows else
                      GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
-                                  grad_accum_steps=derived.grad_accum_steps, dp_size=dist.dp_size))
+                                  grad_accum_steps=derived.grad_accum_steps, dp_size=dist.dp_size,
+                                  max_completion_length=sampling.max_tokens))
         accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
         self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist,
@@ -281,7 +282,8 @@ class ModelWorker:
         sampling = sampling.astype(np.float32, copy=False)
         if self.pack_rows:
             weights = step_row_weights(self.settings, loss_mask.sum(1), micro,
-                                       dp_size=self.dist.dp_size, num_items_in_batch=global_tokens)
+                                       dp_size=self.dist.dp_size, num_items_in_batch=global_tokens,
+                                       max_completion_length=self.config.generate_config.sampling_config.max_tokens)
             in_loss = loss_mask.any(1)
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
                 rows = batch.completions

@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
-from mindgrpo.algorithm import LossSettings, grpo_loss, token_entropy, token_logprobs
+from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
 from mindgrpo.models import PackedPromptForward, SharedPromptForward
 from mindgrpo.models.shard_layout import TPLayout
@@ -94,12 +94,13 @@ def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = Fals
 class GRPOLossCell(nn.Cell):
     """Scalar GRPO loss of one micro-batch plus its metrics (differentiated with respect to the actor)."""
 
-    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool,
-                 grad_accum_steps: int, dp_size: int):
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossConfig, *, on_policy: bool,
+                 grad_accum_steps: int, dp_size: int, max_completion_length: int):
         super().__init__(auto_prefix=False)
         self.logprobs = CompletionLogProbs(forward, temperature, entropy_gradient=settings.entropy_coef > 0)
         self.settings, self.on_policy = settings, on_policy
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
+        self.max_completion_length = max_completion_length
 
     def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
                   sampling_logp, num_items, *vision):
@@ -118,7 +119,8 @@ class GRPOLossCell(nn.Cell):
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
                                   ref_logp if settings.beta > 0 else None, advantages, mask, cfg=settings,
                                   num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
-                                  dp_size=self.dp_size, row_weights=row_weights,
+                                  dp_size=self.dp_size, max_completion_length=self.max_completion_length,
+                                  row_weights=row_weights,
                                   entropy=entropy if settings.needs_entropy else None,
                                   sampling_logp=sampling_logp if settings.rollout_correction != "none" else None)
         mean_entropy = ops.stop_gradient((entropy * mask).sum() / ops.clamp(mask.sum(), min=1.0))
@@ -141,8 +143,10 @@ class PackedLossCell(GRPOLossCell):
     rows are gathered into its completions' loss rows ``[C, W]`` (``unpack``), so the loss is per completion as in
     the padded path, and each completion weighs in with its weight in the step's loss (``step_row_weights``)."""
 
-    def __init__(self, forward: nn.Cell, temperature: float, settings: LossSettings, *, on_policy: bool):
-        super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1)
+    def __init__(self, forward: nn.Cell, temperature: float, settings: LossConfig, *, on_policy: bool):
+        # The completions' weights (step_row_weights) hold the step's reduction: no constants are needed here.
+        super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1,
+                         max_completion_length=None)
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
                   completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights, *vision):
