@@ -112,7 +112,7 @@ def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
     loop would visit) in GRAPH mode: gradient accumulation, global-norm clipping and the AdamW step, against numpy."""
     from mindgrpo.config import OptimizerConfig
     from mindgrpo.models import build_model
-    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.optim import AdamW
     from mindgrpo.train.step_graphs import AccumulateGradients, ApplyGradients, ReduceAndClip
 

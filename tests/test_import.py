@@ -24,7 +24,7 @@ def test_import_does_not_load_mindspore():
 def test_reading_a_model_config_loads_no_mindformers(tiny_model_dir):
     """The preflight reads every model's config.json before anything is built: that must not cost the MindFormers
     import (seconds), which the first model-building name of mindgrpo.models brings."""
-    code = ("import sys\nfrom mindgrpo.models.hf_config import qwen2_spec, read_hf_config\n"
+    code = ("import sys\nfrom mindgrpo.hf_config import qwen2_spec, read_hf_config\n"
             f"spec = qwen2_spec(read_hf_config({str(tiny_model_dir)!r}))\n"
             "print(spec.num_hidden_layers > 0, 'mindformers' in sys.modules)\n"
             "from mindgrpo.models import build_model\nprint('mindformers' in sys.modules)\n")

@@ -12,7 +12,7 @@ import pytest
 from conftest import msrun_group
 from msrun_jobs import free_port
 from mindgrpo.train.checkpoint import save_arrays
-from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.optim_state import layout_record, load_resharded, owner_ranks, rank_metadata
 
 # A one-layer Qwen2 with 4 heads of 8, hidden 32, intermediate 64, vocabulary 64 (untied).
@@ -158,7 +158,7 @@ def test_optimizer_shard_is_a_no_op_without_data_parallel():
     from mindspore import Parameter, Tensor
 
     from mindgrpo.config import OptimizerConfig
-    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.optim import AdamW
 
     params = [Parameter(Tensor(np.ones(s, np.float32)), name=f"w{i}") for i, s in enumerate([(3, 2), (4,)])]
@@ -174,7 +174,7 @@ def test_tp_norm_counts_each_copy_once(ms_mode):
     ranks holding it, and a replicated KV gradient comes back from its own slot unchanged."""
     from mindspore import ParameterTuple, nn
 
-    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.step_graphs import ReduceAndClip
 
     class LoneRank(nn.Cell):
@@ -212,7 +212,7 @@ def ms_param(value: np.ndarray, name: str):
 def test_reduce_and_clip_without_parallelism_is_plain_clipping(ms_mode):
     from mindspore import ParameterTuple, Tensor
 
-    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.optim import clip_by_global_norm
     from mindgrpo.train.step_graphs import ReduceAndClip
 
@@ -235,8 +235,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn
 from mindgrpo.train.checkpoint import save_arrays
 from mindgrpo.config import OptimizerConfig
-from mindgrpo.train.distributed import init_distributed
-from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.parallel.groups import init_distributed
+from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.optim import AdamW, clip_by_global_norm
 from mindgrpo.train.optim_state import rank_metadata
 from mindgrpo.train.step_graphs import ApplyGradients, ReduceAndClip

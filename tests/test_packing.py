@@ -12,7 +12,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.config import ConfigError, GRPOConfig, validate
-from mindgrpo.train.distributed import DistInfo
+from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.models import PackedPromptForward, SharedPromptForward, build_model
 from mindgrpo.train.packing import completion_lengths, micro_batches, pack_rows
 from mindgrpo.train.rollout_batch import RolloutBatch

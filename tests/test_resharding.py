@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import mindgrpo  # noqa: F401  (before mindspore)
-from mindgrpo.models.shard_layout import LayoutError, TPLayout
-from mindgrpo.rollout.resharding import rank_to_vllm, to_vllm, vllm_groups
+from mindgrpo.parallel.layout import LayoutError, TPLayout
+from mindgrpo.parallel.resharding import rank_to_vllm, to_vllm, vllm_groups
 
 HEADS, HEAD_DIM, HIDDEN, INTER, LAYERS = 8, 4, 32, 48, 2
 PAIRS = [(1, 2), (2, 1), (2, 4), (4, 2)]

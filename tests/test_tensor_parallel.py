@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mindgrpo.models.shard_layout import LayoutError, TPLayout, reshard
+from mindgrpo.parallel.layout import LayoutError, TPLayout, reshard
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))

@@ -13,7 +13,7 @@ import mindgrpo  # noqa: F401
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn
 
-from mindgrpo.train.distributed import all_gather, init_distributed
+from mindgrpo.parallel.groups import all_gather, init_distributed
 
 
 def main() -> None:

@@ -67,7 +67,7 @@ def rollouts(mix: str) -> SimpleNamespace:
 def compiled_policy(model_dir: str, layout: str, data: SimpleNamespace):
     """A ModelWorker at the benchmark's settings with every graph of ``data``'s shapes compiled."""
     from mindgrpo.config import GRPOConfig, validate
-    from mindgrpo.train.distributed import DistInfo
+    from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.model_worker import ModelWorker
 
     config = GRPOConfig()

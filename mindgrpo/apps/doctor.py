@@ -378,7 +378,7 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
 
 def check_memory(config, workers: int, device_memory: int) -> Check:
     """Whether the actor's layout fits devices of ``device_memory`` bytes, from :mod:`mindgrpo.apps.plan`."""
-    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
+    from mindgrpo.hf_config import ModelConfigError, read_hf_config
     from mindgrpo.apps.plan import format_bytes, plan_layouts
 
     try:

@@ -4,7 +4,7 @@
                             [group.key=value ...]
 
 For each layout ``data_parallel x model_parallel`` (``pipeline_stage`` 1) that multiplies to the worker count and
-that the model's shape can be split over (:meth:`~mindgrpo.models.shard_layout.TPLayout.problems`), the planner
+that the model's shape can be split over (:meth:`~mindgrpo.parallel.layout.TPLayout.problems`), the planner
 adds up what one rank holds at its peak, in bytes:
 
 * **weights**: float32 master weights of the rank's tensor-parallel slice (:class:`TPLayout`: heads, KV heads,
@@ -146,7 +146,7 @@ def hf_tensor_shapes(hf_config: Mapping) -> Dict[str, tuple]:
 
 def tp_layout(hf_config: Mapping, model_parallel: int):
     """Rank 0's :class:`TPLayout` (every rank holds equally many parameters), unvalidated: see ``.problems()``."""
-    from mindgrpo.models.shard_layout import TPLayout
+    from mindgrpo.parallel.layout import TPLayout
 
     heads = int(hf_config["num_attention_heads"])
     return TPLayout(tp=model_parallel, rank=0, num_heads=heads,
@@ -531,7 +531,7 @@ def load_inputs(config_path: str, overrides: Sequence[str] = (), model: Optional
     """(config, hf_config, model folder) for the planner: ``model`` (else ``actor_config.load``) needs only
     config.json."""
     from mindgrpo.config import load_config
-    from mindgrpo.models.hf_config import read_hf_config
+    from mindgrpo.hf_config import read_hf_config
 
     config = load_config(config_path, overrides)
     folder = model or config.actor_config.load
@@ -561,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from mindgrpo.config import ConfigError
-    from mindgrpo.models.hf_config import ModelConfigError
+    from mindgrpo.hf_config import ModelConfigError
 
     parser = build_parser()
     args = parser.parse_intermixed_args(argv)  # flags and overrides in any order

@@ -175,7 +175,7 @@ class GenerateConfig:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     """Layout of the inference model. ``native`` reads the actor's own slices, so it is the actor's layout (left at
     the default it is; another value that differs is refused); ``vllm`` may use another model_parallel (weights
-    are resharded on sync, see mindgrpo.rollout.resharding)."""
+    are resharded on sync, see mindgrpo.parallel.resharding)."""
     sampling_config: SamplingConfig = field(default_factory=SamplingConfig)
     """Sampling settings."""
     gpu_memory_utilization: float = 0.9

@@ -258,8 +258,8 @@ def _reward_problems(config: GRPOConfig) -> List[str]:
 
 def _vllm_layout_problems(config: GRPOConfig) -> List[str]:
     """vLLM's tensor_parallel_size is generate_config.parallel_config.model_parallel; the weight sync reshards the
-    actor into it (mindgrpo.rollout.resharding), which needs it to split the heads, KV heads, MLP and vocabulary
-    as mindgrpo.models.shard_layout.TPLayout does. Needs the actor's config.json: without a readable one there is
+    actor into it (mindgrpo.parallel.resharding), which needs it to split the heads, KV heads, MLP and vocabulary
+    as mindgrpo.parallel.layout.TPLayout does. Needs the actor's config.json: without a readable one there is
     nothing to check here (the path checks report a missing folder)."""
     key = "generate_config.parallel_config.model_parallel"
     tp = config.generate_config.parallel_config.model_parallel
@@ -268,8 +268,8 @@ def _vllm_layout_problems(config: GRPOConfig) -> List[str]:
     if not config.actor_config.load:
         return []
     # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
-    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config  # noqa: PLC0415
-    from mindgrpo.models.shard_layout import LayoutError, TPLayout  # noqa: PLC0415
+    from mindgrpo.hf_config import ModelConfigError, read_hf_config  # noqa: PLC0415
+    from mindgrpo.parallel.layout import LayoutError, TPLayout  # noqa: PLC0415
 
     try:
         hf_config = read_hf_config(config.actor_config.load)
@@ -358,7 +358,7 @@ def parallel_layout_dims(hf_config: Mapping) -> dict:
     vocabulary and MLP sizes only when present). Raises KeyError, ValueError or TypeError for a config without
     usable head and layer counts."""
     # Qwen2.5-VL configs saved by transformers >= 4.52 nest the language model's keys in text_config (the merge of
-    # mindgrpo.models.hf_config.language_model_config, which this leaf package may not import)
+    # mindgrpo.hf_config.language_model_config, which this leaf package may not import)
     hf_config = {**hf_config, **(hf_config.get("text_config") or {})}
     heads = int(hf_config["num_attention_heads"])
     return dict(num_heads=heads, num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
@@ -371,7 +371,7 @@ def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_head
                           num_layers: int, device_target: str, vocab_size: Optional[int] = None,
                           intermediate_size: Optional[int] = None, key: str = "actor_config.parallel_config") -> None:
     """Check a parallel layout against the worker count and the model shape (the same on CPU and Ascend: tensor
-    parallelism is explicit collectives, see mindgrpo.models.tensor_parallel).
+    parallelism is explicit collectives, see mindgrpo.parallel.layers).
 
     ``vocab_size`` and ``intermediate_size`` are checked when given (the embedding, lm_head and MLP are split over
     model_parallel). Raises ConfigError naming the number that is wrong.
@@ -389,7 +389,7 @@ def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_head
             problems.append(f"{key}.pipeline_stage = {pp}: pipeline parallelism is not implemented; use "
                             "model_parallel (tensor parallel) x data_parallel (see `python -m mindgrpo plan`)")
         # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
-        from mindgrpo.models.shard_layout import TPLayout  # noqa: PLC0415
+        from mindgrpo.parallel.layout import TPLayout  # noqa: PLC0415
 
         layout = TPLayout(tp=mp, rank=0, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=1,
                           vocab_size=vocab_size or mp, intermediate_size=intermediate_size or mp)

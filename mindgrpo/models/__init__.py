@@ -28,7 +28,7 @@ tower in training.
 Every MindFormers import in mindgrpo is in :mod:`~mindgrpo.models.causal_lm` or reaches it through this package,
 and goes through :func:`mindgrpo._lean_import.lean_mindformers_import` (without the packages MindFormers loads only
 for features mindgrpo never uses). The package's names load on first use: reading a ``config.json``
-(:mod:`~mindgrpo.models.hf_config`, which the preflight does before anything is built) costs no MindFormers import,
+(:mod:`~mindgrpo.hf_config`, which the preflight does before anything is built) costs no MindFormers import,
 several seconds on 2 cores.
 """
 import importlib
@@ -36,7 +36,7 @@ import importlib
 _EXPORTS = {
     "mindgrpo.models.causal_lm": ("ROLES", "Qwen2CausalLM", "build_model"),
     "mindgrpo.models.export": ("export_hf",),
-    "mindgrpo.models.hf_config": ("ModelConfigError", "Qwen2Spec", "qwen2_spec", "read_generation_config",
+    "mindgrpo.hf_config": ("ModelConfigError", "Qwen2Spec", "qwen2_spec", "read_generation_config",
                                   "read_hf_config"),
     "mindgrpo.models.packed_prompt": ("PackedPromptForward",),
     "mindgrpo.models.shared_prompt": ("SharedPromptForward",),

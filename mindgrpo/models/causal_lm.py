@@ -24,10 +24,10 @@ from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
 
 from mindgrpo._lean_import import lean_mindformers_import
-from mindgrpo.models.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
+from mindgrpo.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
 from mindgrpo.models.qwen2_blocks import mask_bias
 from mindgrpo.models.qwen2_sharded import Qwen2Shard
-from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.parallel.layout import TPLayout
 
 from mindgrpo.models.weights import load_hf_weights
 

@@ -35,7 +35,7 @@ import numpy as np
 
 import mindspore as ms
 
-from mindgrpo.models.hf_config import (CONFIG_FILE, GENERATION_CONFIG_FILE, check_dtype, qwen2_spec,
+from mindgrpo.hf_config import (CONFIG_FILE, GENERATION_CONFIG_FILE, check_dtype, qwen2_spec,
                                        read_generation_config)
 from mindgrpo.models.safetensors_io import write_safetensors
 from mindgrpo.models.vision import vision_parameters, vision_spec

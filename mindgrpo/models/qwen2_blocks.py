@@ -29,8 +29,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from mindgrpo.models.shard_layout import TPLayout
-from mindgrpo.models.tensor_parallel import TPComm, embed_lookup
+from mindgrpo.parallel.layout import TPLayout
+from mindgrpo.parallel.layers import TPComm, embed_lookup
 
 # Added to the scores of masked keys. Finite on purpose: a query with no visible key (a left-pad row) then gets
 # finite garbage instead of NaN, and NaN in a pad row would reach real rows through 0 * NaN in the value product.
@@ -411,7 +411,7 @@ class Qwen2Blocks(nn.Cell):
 
     def _logits_rows(self, x):
         """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
-        parallelism each rank projects onto its own vocabulary slice (see mindgrpo.models.tensor_parallel)."""
+        parallelism each rank projects onto its own vocabulary slice (see mindgrpo.parallel.layers)."""
         return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._param(2)))
 
     def _scores_softmax(self, scores, bias):

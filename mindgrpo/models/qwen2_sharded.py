@@ -1,7 +1,7 @@
 """One tensor-parallel rank's slices of a Qwen2 model, as Parameters under MindFormers' names.
 
 With ``model_parallel > 1`` no rank builds the full model: :class:`Qwen2Shard` holds only this rank's slices (see
-:mod:`mindgrpo.models.shard_layout` for which), which ``build_model`` fills straight from the Hugging Face
+:mod:`mindgrpo.parallel.layout` for which), which ``build_model`` fills straight from the Hugging Face
 safetensors files, one slice at a time, so a rank's resident weights are about ``1/model_parallel`` of the model
 plus the replicated norms, and one HF folder serves every layout with no conversion.
 
@@ -9,7 +9,7 @@ It is a container, not a forward: its Cells mirror the attribute paths of MindFo
 (``model.layers[i].attention.wq.weight``, ``model.tok_embeddings.embedding_weight``, ``lm_head.weight``, ...), so
 Parameter names, the HF name mapping, checkpoints and :func:`mindgrpo.models.qwen2_blocks.decoder_weights` work
 unchanged, and mindgrpo's own Qwen2 math (:mod:`mindgrpo.models.qwen2_blocks`, with the collectives of
-:mod:`mindgrpo.models.tensor_parallel`) runs it: the shared-prompt forward for training and scoring, the native
+:mod:`mindgrpo.parallel.layers`) runs it: the shared-prompt forward for training and scoring, the native
 engine for rollouts. MindFormers' forward would compute wrong results on slices, so it is never called here
 (the config refuses ``share_prompt: false`` and the ``mindformers`` rollout backend under tensor parallelism).
 """
@@ -23,8 +23,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from mindgrpo.models.hf_config import Qwen2Spec
-from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.hf_config import Qwen2Spec
+from mindgrpo.parallel.layout import TPLayout
 
 
 class _Weight(nn.Cell):

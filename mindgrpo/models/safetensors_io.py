@@ -89,7 +89,7 @@ class SafetensorsReader:
     def read(self, name: str, part=None) -> np.ndarray:
         """A fresh (writable, not file-backed) array: float32 for float tensors, the stored type otherwise.
 
-        ``part`` (a :class:`~mindgrpo.models.shard_layout.Shard`) reads only that slice of the tensor, through a
+        ``part`` (a :class:`~mindgrpo.parallel.layout.Shard`) reads only that slice of the tensor, through a
         memory map, so a tensor-parallel rank never holds a full tensor it does not need (as
         ``safe_open(...).get_slice`` does)."""
         entry = self._entries[name]

@@ -32,7 +32,7 @@ from mindspore import Tensor, nn
 from mindgrpo.algorithm.logprobs import token_logprobs
 from mindgrpo.models.causal_lm import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
-from mindgrpo.models.hf_config import check_dtype, qwen2_spec, read_hf_config
+from mindgrpo.hf_config import check_dtype, qwen2_spec, read_hf_config
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import get_rope_index
 from mindgrpo.models.vision import build_vision_tower

@@ -26,7 +26,7 @@ Each decoder layer is its own small Cell (:class:`SharedPromptLayer`, over the s
 only every layer's input hidden state and recomputes one layer's activations at a time from it.
 
 Under tensor parallelism it runs each rank's slices (:class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`) with the
-collectives of :mod:`mindgrpo.models.tensor_parallel`; it is then the only training forward.
+collectives of :mod:`mindgrpo.parallel.layers`; it is then the only training forward.
 """
 from __future__ import annotations
 

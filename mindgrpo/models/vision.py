@@ -32,7 +32,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.models.hf_config import CONFIG_FILE, ModelConfigError, check_dtype
+from mindgrpo.hf_config import CONFIG_FILE, ModelConfigError, check_dtype
 from mindgrpo.models.qwen2_blocks import mask_bias
 from mindgrpo.models.safetensors_io import SafetensorsReader
 from mindgrpo.models.weights import VISION_PREFIXES, CheckpointMismatchError, checkpoint_files

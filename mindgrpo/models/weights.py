@@ -263,7 +263,7 @@ def sync_weights(src: ms.nn.Cell, dst: ms.nn.Cell) -> int:
     Non-weight parameters of ``dst`` (KV caches) are left alone. Both sides must hold the same weights at the same
     shapes, i.e. the same layout: this function never reshards, and different shapes (another tensor-parallel
     slicing) are an error rather than a copy of the wrong slices. The vllm backend, whose layout differs from the
-    training one, reshards with :mod:`mindgrpo.rollout.resharding` instead.
+    training one, reshards with :mod:`mindgrpo.parallel.resharding` instead.
     """
     src_params, dst_params = hf_parameters(src), hf_parameters(dst)
     if set(src_params) != set(dst_params):

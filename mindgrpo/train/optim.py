@@ -13,7 +13,7 @@ ZeRO-1 (``optimizer_shard`` with data parallel > 1) keeps the moments, 8 bytes p
 parameters this data-parallel rank owns (:func:`mindgrpo.train.optim_state.owner_ranks`); the others get no moment
 Parameters at all, which is the memory saving. After the owners' in-place updates, one AllReduce-SUM per parameter
 over the data-parallel group, to which non-owners add zeros, gives every rank the new weights exactly (``x + 0 =
-x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.train.distributed`).
+x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.parallel.groups`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.config import LRScheduleConfig, OptimizerConfig
-from mindgrpo.train.distributed import DistInfo
+from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.train.optim_state import MOMENTS, STEP_COUNT, owner_ranks
 
 

@@ -2,7 +2,7 @@
 
 Under ZeRO-1 every data-parallel rank keeps the moments of only some parameters (:func:`owner_ranks`), and under
 tensor parallelism each rank's moments are slices of the Hugging Face tensors, cut like the weights
-(:class:`~mindgrpo.models.shard_layout.TPLayout`). A checkpoint therefore holds one file per rank, each keyed by
+(:class:`~mindgrpo.parallel.layout.TPLayout`). A checkpoint therefore holds one file per rank, each keyed by
 HF name (``exp_avg.<hf_name>``, ``exp_avg_sq.<hf_name>``, ``step_count``) and holding only what that rank keeps,
 plus one layout record. :func:`load_resharded` gives a rank of any other layout its moments: for each parameter it
 owns, the old slices are read from whichever old data-parallel rank kept them, joined into the full tensor and cut
@@ -17,7 +17,7 @@ from typing import Dict, Mapping, Sequence
 
 import numpy as np
 
-from mindgrpo.models.shard_layout import TPLayout
+from mindgrpo.parallel.layout import TPLayout
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 STEP_COUNT = "step_count"

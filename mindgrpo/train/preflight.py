@@ -16,7 +16,7 @@ import numpy as np
 
 from mindgrpo.config import ConfigError, check_micro_batches, check_parallel_layout, parallel_layout_dims, validate
 from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_prompt
-from mindgrpo.train.distributed import launched_by_msrun
+from mindgrpo.parallel.groups import launched_by_msrun
 
 if TYPE_CHECKING:
     from mindgrpo.config import GRPOConfig
@@ -113,7 +113,7 @@ def check_device(target: str) -> None:
 def check_launch(config: "GRPOConfig", world_size: int) -> None:
     """The layout against msrun's worker count and against the actor's (and a separate reference's) config.json:
     heads, KV heads, MLP and vocabulary must split over model_parallel."""
-    from mindgrpo.models.hf_config import ModelConfigError, read_hf_config
+    from mindgrpo.hf_config import ModelConfigError, read_hf_config
 
     parallel = config.actor_config.parallel_config
     workers = parallel.data_parallel * parallel.model_parallel * parallel.pipeline_stage
@@ -176,7 +176,7 @@ def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: Prom
                         f"{rl.max_prompt_length}: raise rl_config.max_prompt_length to {longest} (and seq_length to "
                         f"match), or {hint} --max_prompt_length {rl.max_prompt_length}")
     _check_same_tokenizer(dataset, tokenizer, config.tokenizer_dir, hint)
-    from mindgrpo.models.hf_config import (VL_MODEL_TYPES, language_model_config,  # lazy: no MindFormers imports
+    from mindgrpo.hf_config import (VL_MODEL_TYPES, language_model_config,  # lazy: no MindFormers imports
                                            read_hf_config)
 
     models = [("actor_config.load", config.actor_config.load)]

@@ -22,9 +22,9 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
 from mindgrpo.models import PackedPromptForward, SharedPromptForward
-from mindgrpo.models.shard_layout import TPLayout
-from mindgrpo.models.tensor_parallel import parallel_token_entropy, parallel_token_logprobs
-from mindgrpo.train.distributed import DistInfo
+from mindgrpo.parallel.layout import TPLayout
+from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
+from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.train.optim import AdamW, clip_to_norm, parameter_runs, squared_norm
 
 
@@ -48,7 +48,7 @@ class CompletionLogProbs(nn.Cell):
     :class:`~mindgrpo.models.PackedPromptForward` (packed rows). The forward's third input holds the tokens.
 
     Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
-    the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.models.tensor_parallel`), so
+    the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.parallel.layers`), so
     no rank ever holds [tokens, vocab].
 
     ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,

@@ -50,7 +50,7 @@ from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train import peers
 from mindgrpo.config import Derived, GRPOConfig, dump_yaml
 from mindgrpo.data import PromptBatch
-from mindgrpo.train.distributed import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
+from mindgrpo.parallel.groups import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
 from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import preflight
 from mindgrpo.rewards.overlong import OverlongPenalty

@@ -13,7 +13,7 @@ Differences from the native backend:
   through ``llm_options`` when available);
 * ``seed`` seeds vLLM's per-request generator, so completions differ from the native backend's for the same seed;
 * ``sync_weights`` reshards the actor's weights from the training layout (tensor parallel ``a``) to vLLM's
-  (``tensor_parallel_size = b``, merged ``qkv_proj`` / ``gate_up_proj``; :mod:`mindgrpo.rollout.resharding`) and
+  (``tensor_parallel_size = b``, merged ``qkv_proj`` / ``gate_up_proj``; :mod:`mindgrpo.parallel.resharding`) and
   writes them into vllm-mindspore's native Qwen2 model (its default for ``Qwen2ForCausalLM``; do not set
   ``VLLM_MS_MODEL_BACKEND=MindFormers``, whose network has other parameter names).
 * Under msrun every process runs one vLLM rank (``distributed_executor_backend="external_launcher"``, as MindRLHF's
@@ -48,19 +48,19 @@ class VllmRolloutEngine:
             max_tokens: longest completion planned (only sizes ``max_model_len``).
             gpu_memory_utilization, block_size, tensor_parallel_size, dtype, seed: vLLM's ``LLM`` arguments.
             llm_options: further keyword arguments for ``vllm.LLM``.
-            train_layout: this rank's training :class:`~mindgrpo.models.shard_layout.TPLayout` (the slices the
+            train_layout: this rank's training :class:`~mindgrpo.parallel.layout.TPLayout` (the slices the
                 actor's Parameters hold); None means the actor's ``tp_layout``, or a full model (tensor parallel 1)
                 when it has none.
             gather: ``gather(hf_name, piece)`` -> the training tensor-parallel group's pieces in rank order; None
-                means :func:`mindgrpo.train.distributed.all_gather` over that group.
+                means :func:`mindgrpo.parallel.groups.all_gather` over that group.
             Other arguments as in :func:`mindgrpo.rollout.build_rollout_engine`.
         """
         vllm = import_vllm()
         if not model_dir:
             raise ValueError("the vllm backend needs model_dir: the Hugging Face folder vLLM loads the model from")
-        from mindgrpo.train.distributed import launched_by_msrun
+        from mindgrpo.parallel.groups import launched_by_msrun
         from mindgrpo.models import read_hf_config
-        from mindgrpo.models.shard_layout import TPLayout
+        from mindgrpo.parallel.layout import TPLayout
 
         self.actor = actor
         self.train_layout = (train_layout or getattr(actor, "tp_layout", None)
@@ -135,7 +135,7 @@ def _tp_gather(train_tp: int) -> Callable[[str, np.ndarray], Sequence[np.ndarray
     """Gather a training tensor's pieces over the training tensor-parallel group (identity for one rank)."""
     if train_tp == 1:
         return lambda name, piece: [piece]
-    from mindgrpo.train.distributed import TP, all_gather, init_distributed
+    from mindgrpo.parallel.groups import TP, all_gather, init_distributed
 
     info = init_distributed(train_tp)
     return lambda name, piece: list(all_gather(piece, info, over=TP))
@@ -167,7 +167,7 @@ def sync_into_vllm(weights: Mapping[str, Any], network: Any, *, source: Any, tar
     """
     import mindspore as ms
     from mindgrpo.models.weights import CheckpointMismatchError, host_array
-    from mindgrpo.rollout.resharding import rank_to_vllm
+    from mindgrpo.parallel.resharding import rank_to_vllm
 
     served = _served_parameters(network)
     local = {name: (lambda param=param: host_array(param)) for name, param in weights.items()}

@@ -1,6 +1,6 @@
 """Training tensor-parallel layout (TP=a) -> vLLM's per-rank weights (TP=b), as plain numpy over per-rank arrays.
 
-Training ranks hold Hugging Face tensors sliced by :class:`~mindgrpo.models.shard_layout.TPLayout` (Megatron's
+Training ranks hold Hugging Face tensors sliced by :class:`~mindgrpo.parallel.layout.TPLayout` (Megatron's
 split). vLLM's Qwen2 holds, per rank of its own tensor-parallel group, these parameters (``[out, in]`` like HF; its
 ``UnquantizedLinearMethod`` multiplies by the transposed weight)::
 
@@ -42,7 +42,7 @@ from typing import Callable, Dict, Iterator, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from mindgrpo.models.shard_layout import LayoutError, TPLayout
+from mindgrpo.parallel.layout import LayoutError, TPLayout
 
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 VOCAB_NAMES = ("model.embed_tokens.weight", "lm_head.weight")

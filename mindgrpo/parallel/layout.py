@@ -25,7 +25,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindgrpo.models.hf_config import language_model_config
+from mindgrpo.hf_config import language_model_config
 
 # HF name suffix -> the axis it is split on (None: replicated). Layer weights are matched by their suffix.
 _SPLIT_AXIS = {
