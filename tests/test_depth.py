@@ -43,47 +43,53 @@ def checkpoint(run: Path, step: int) -> Path:
 
 
 def largest_change(before: Path, after: Path) -> float:
-    """The largest change of any weight between two Hugging Face folders."""
-    from safetensors.numpy import load_file
+    """The largest change of any weight between two Hugging Face folders (float32 or bf16: read widened)."""
+    from mindgrpo.models.safetensors_io import SafetensorsReader
 
-    old, new = load_file(before / "model.safetensors"), load_file(after / "model.safetensors")
-    assert set(new) == set(old)
-    return max(float(np.abs(new[k] - old[k]).max()) for k in old)
+    old, new = (SafetensorsReader(folder / "model.safetensors") for folder in (before, after))
+    assert set(new.keys()) == set(old.keys())
+    return max(float(np.abs(new.read(k).astype(np.float64) - old.read(k)).max()) for k in old.keys())
 
 
 def _state(trainer) -> dict:
-    """Everything a resume must restore: the weights, both AdamW moments (by parameter), the step and the data
-    position."""
-    worker = trainer.worker
-    arrays = {f"param/{i}": p.asnumpy() for i, p in enumerate(worker.params)}
-    arrays.update({f"exp_avg/{i}": m.asnumpy() for i, m in enumerate(worker.optimizer.exp_avg)})
-    arrays.update({f"exp_avg_sq/{i}": v.asnumpy() for i, v in enumerate(worker.optimizer.exp_avg_sq)})
+    """Everything a resume must restore: the weights, both AdamW moments and (bf16 weights) the fp32 masters, by
+    parameter, the step and the data position."""
+    worker, opt = trainer.worker, trainer.worker.optimizer
+    arrays = {f"param/{i}": p.astype(ms.float32).asnumpy() for i, p in enumerate(worker.params)}
+    for kind, params in (("exp_avg", opt.exp_avg), ("exp_avg_sq", opt.exp_avg_sq), ("master", opt.master)):
+        arrays.update({f"{kind}/{i}": m.asnumpy() for i, m in enumerate(params)})
     return {"arrays": arrays, "step": trainer.step, "data": trainer.dataset.state_dict()}
 
 
 def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, demo_plain, demo_prompts):
-    """A GRPO step (rollout, update) and its checkpoint; then a new trainer resumes from it with every weight,
-    moment, the step and the data position exactly as the first left them. No reference model (beta 0): its
-    forward is the actor's code, run here by the update; the 2 x 2 twin runs the reference at this depth."""
+    """A GRPO step (rollout, update) with bf16 weights and its checkpoint; then a new trainer resumes from it with
+    every weight, moment, fp32 master, the step and the data position exactly as the first left them. No reference
+    model (beta 0): its forward is the actor's code, run here by the update; the 2 x 2 twin runs the reference at
+    this depth, in float32 (so the skinny 7B trains in both dtypes)."""
     from mindgrpo.train.trainer import GRPOTrainer
 
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
     run = tmp_path / "run"
-    first = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=1, save_ckpt_interval=1, mode="pynative",
-                                      beta=0.0))
+
+    def config(**rl):
+        cfg = skinny_config(run, demo_prompts, model, save_ckpt_interval=1, mode="pynative", beta=0.0, **rl)
+        cfg.actor_config.param_dtype = "bfloat16"
+        return cfg
+
+    first = GRPOTrainer(config(max_steps=1))
     metrics = first.train()
     assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
     assert largest_change(model, checkpoint(run, 1)) > 1e-5  # the update ran
     saved = _state(first)
     assert len(first.worker.params) == 28 * 12 + 3  # every parameter of Qwen2.5-7B's layout, untied
-    resumed = GRPOTrainer(skinny_config(run, demo_prompts, model, max_steps=2, save_ckpt_interval=1,
-                                        resume_training=True, mode="pynative", beta=0.0))
+    resumed = GRPOTrainer(config(max_steps=2, resume_training=True))
     loaded = _state(resumed)
     assert (loaded["step"], loaded["data"]) == (saved["step"], saved["data"])
     assert loaded["arrays"].keys() == saved["arrays"].keys()
     for name, array in saved["arrays"].items():
         np.testing.assert_array_equal(loaded["arrays"][name], array, err_msg=name)
     assert any(array.any() for name, array in saved["arrays"].items() if name.startswith("exp_avg/"))
+    assert sum(name.startswith("master/") for name in saved["arrays"]) == len(first.worker.params)
 
 
 _square_sum = ops.MultitypeFuncGraph("square_sum")

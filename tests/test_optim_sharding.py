@@ -239,7 +239,7 @@ from mindgrpo.parallel.groups import init_distributed
 from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.optim import AdamW, clip_by_global_norm
 from mindgrpo.train.optim_state import rank_metadata
-from mindgrpo.train.step_graphs import ApplyGradients, ReduceAndClip
+from mindgrpo.train.step_graphs import ApplyGradients, ReduceAndClip, gradient_buffers
 
 out = sys.argv[1]
 dist = init_distributed(1)  # DP = 2
@@ -299,6 +299,21 @@ for mode in ("pynative", "graph"):
         if shard and mode == "graph":
             save_arrays(f"{out}/rank_{rank:05d}.safetensors", opt.state_arrays(),
                         rank_metadata(tp_rank=0, dp_rank=rank))
+        # bf16 working weights, fp32 masters in the optimizer (owned ones only under ZeRO-1), fp32 gradient buffers
+        params = [Parameter(Tensor(init[n]).astype(ms.bfloat16), name=f"{tag}.bf16.{n}") for n in names]
+        opt = AdamW(params, cfg, names=names, dist=dist, optimizer_shard=shard)
+        acc = gradient_buffers(params, "float32")
+        reduce, apply = ReduceAndClip(acc, cfg.max_grad_norm, dist), ApplyGradients(acc, opt)
+        for step, lr in enumerate(LRS):
+            for a, g in zip(acc, grads_of(step, rank)):
+                a.set_data(Tensor(g))
+            reduce()
+            apply(*opt.hyper_tensors(lr))
+            opt.publish()
+        for n, p in zip(names, params):
+            results[f"{tag}.bf16.param.{n}"] = p.astype(ms.float32)
+        for key, value in opt.state_arrays().items():
+            results[f"{tag}.bf16.state.{key}"] = value
 
     # TP = 2 over the same two processes (DP = 1): 2 heads, 1 KV head replicated on both ranks.
     tp_dist = dataclasses.replace(dist, tp_size=2, tp_group=dist.world_group, dp_group="")
@@ -365,6 +380,30 @@ def test_zero1_equals_unsharded_data_parallel(msrun_results, mode):
         for key in keys | {k.replace("exp_avg.", "exp_avg_sq.", 1) for k in keys}:
             np.testing.assert_array_equal(r[f"{mode}.zero.state.{key}"], r[f"{mode}.full.state.{key}"])
         assert int(r[f"{mode}.zero.state.step_count"]) == 3
+
+
+@msrun_group
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_zero1_with_bf16_weights_equals_unsharded(msrun_results, mode):
+    """bf16 working weights: ZeRO-1 (each rank steps the fp32 masters it owns, the new weights summed over the
+    data-parallel group from the host on CPU) gives every rank the unsharded run's bf16 weights exactly, each the
+    cast of its fp32 master, and those masters track the float32 run."""
+    _, ranks = msrun_results
+    r0 = ranks[0]
+    names = [k.split(".param.", 1)[1] for k in r0 if k.startswith(f"{mode}.full.param.")]
+    for name in names:
+        full = r0[f"{mode}.full.bf16.param.{name}"]
+        for r in ranks:
+            np.testing.assert_array_equal(r[f"{mode}.zero.bf16.param.{name}"], full, err_msg=name)
+            np.testing.assert_array_equal(r[f"{mode}.full.bf16.param.{name}"], full, err_msg=name)
+        master = r0[f"{mode}.full.bf16.state.master.{name}"]
+        owner = next(r for r in ranks if f"{mode}.zero.bf16.state.master.{name}" in r)
+        np.testing.assert_array_equal(owner[f"{mode}.zero.bf16.state.master.{name}"], master, err_msg=name)
+        np.testing.assert_allclose(full, master, rtol=2.0 ** -8, atol=0, err_msg=name)  # one bf16 rounding
+        np.testing.assert_allclose(master, r0[f"{mode}.full.param.{name}"], rtol=0, atol=2e-2, err_msg=name)
+        assert np.abs(full - r0[f"init.{name}"]).max() > 1e-3
+    owned = [{k for k in r if k.startswith(f"{mode}.zero.bf16.state.master.")} for r in ranks]
+    assert owned[0] and owned[1] and not owned[0] & owned[1] and len(owned[0] | owned[1]) == len(names)
 
 
 @msrun_group

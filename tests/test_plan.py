@@ -88,6 +88,45 @@ def test_7b_on_8_devices_recommends_tensor_parallel_and_explains_data_parallel(m
     assert f"recommended: data_parallel {rec['data_parallel']}, model_parallel {rec['model_parallel']}" in text
 
 
+def test_bf16_weights_count_two_bytes_and_the_masters_go_with_the_moments(model_7b):
+    """actor_config.param_dtype bfloat16: the weights are 2 bytes a parameter, the gradients stay float32 (the default
+    grad_reduce_dtype), and the optimizer state is 12 bytes (moments and fp32 master) of the parameters a ZeRO-1 rank
+    owns: what mindgrpo.train.optim.AdamW allocates."""
+    fp32, bf16 = (by_mp(plan_7b(model_7b, "generate_config.backend=native", f"actor_config.param_dtype={dtype}"), 2)
+                  for dtype in ("float32", "bfloat16"))
+    assert bf16["bytes"]["weights"] * 2 == fp32["bytes"]["weights"]
+    assert bf16["bytes"]["gradients"] == fp32["bytes"]["gradients"]
+    assert bf16["bytes"]["optimizer"] * 8 == fp32["bytes"]["optimizer"] * 12
+    assert bf16["bytes"]["total"] < fp32["bytes"]["total"]
+
+
+# Qwen2.5-32B's config.json shape keys
+QWEN2_5_32B = dict(QWEN2_5_7B, hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
+                   num_key_value_heads=8)
+CONFIG_32B = REPO / "examples" / "grpo" / "grpo_qwen2_5_32b_2nodes.yaml"
+BF16_STATE = ("actor_config.param_dtype=bfloat16", "actor_config.grad_reduce_dtype=bfloat16")
+
+
+def test_bf16_state_fits_7b_at_tensor_parallel_2_and_32b_on_32_devices(model_7b, tmp_path):
+    """The README's figures: with bf16 weights and bf16 gradient buffers (Ascend), Qwen2.5-7B on 8 x 64 GB at
+    4 x 2 and Qwen2.5-32B on 32 x 64 GB at 4 x 8; with float32 gradients (the default) the update's two
+    gradient-sized temporaries keep both out, as they keep every float32 layout of 32B out."""
+    plan = plan_7b(model_7b, "generate_config.backend=native", *BF16_STATE)
+    assert (plan["recommended"]["data_parallel"], plan["recommended"]["model_parallel"]) == (4, 2)
+    assert not by_mp(plan_7b(model_7b, "generate_config.backend=native", BF16_STATE[0]), 2)["fits"]
+    folder = tmp_path / "Qwen2.5-32B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN2_5_32B))
+
+    def plan_32b(*overrides):
+        return plan_layouts(load_config(CONFIG_32B, [f"actor_config.load={folder}", *overrides]), 32, 64 * GiB,
+                            QWEN2_5_32B)
+
+    assert plan_32b()["recommended"] is None and plan_32b(BF16_STATE[0])["recommended"] is None
+    fitting = plan_32b(*BF16_STATE)["recommended"]
+    assert (fitting["data_parallel"], fitting["model_parallel"]) == (4, 8)
+
+
 def test_vllm_pool_beside_the_training_state_and_the_advice_that_fixes_it(model_7b):
     plan = plan_7b(model_7b, "generate_config.backend=vllm", "generate_config.gpu_memory_utilization=0.8")
     assert plan["recommended"] is None

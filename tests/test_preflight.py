@@ -87,6 +87,10 @@ ROWS = {
     "resume without a run to resume": (["--resume_training"], None,
                                        r"--resume_training\): nothing to resume, no run ever wrote to "
                                        r"rl_config\.output_dir"),
+    "bf16 gradient buffers on CPU": (["actor_config.param_dtype=bfloat16", "actor_config.grad_reduce_dtype=bfloat16",
+                                      "rl_config.device_target=CPU"], None,
+                                     r"actor_config\.grad_reduce_dtype = bfloat16 on CPU: .*set "
+                                     r"actor_config\.grad_reduce_dtype: float32"),
     "device_target Ascend without CANN": (["rl_config.device_target=Ascend"], None,
                                           r"rl_config\.device_target = Ascend, but MindSpore cannot load its Ascend "
                                           r"backend here"),

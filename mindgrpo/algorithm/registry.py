@@ -39,8 +39,12 @@ LR_SCHEDULES: Tuple[str, ...] = ("constant", "cosine", "linear")
 LR_SCHEDULE_ALIASES: Mapping[str, str] = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine",
                                           "ConstantWarmUpLR": "constant"}
 OPTIMIZERS: Tuple[str, ...] = ("AdamW",)
-# Matmul dtypes of the actor and reference models (parameters stay float32; bfloat16 and float16 are Ascend's).
+# Matmul dtypes of the actor and reference models (bfloat16 and float16 are Ascend's: CPU has no bf16 MatMul).
 COMPUTE_DTYPES: Tuple[str, ...] = ("float32", "bfloat16", "float16")
+# The actor's working weights (bfloat16: fp32 master weights and moments live only in the optimizer, train/optim.py)
+# and the dtype its gradients are accumulated and reduced in.
+PARAM_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
+GRAD_REDUCE_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
 # MindSpore's execution modes (compiled or eager) and the devices a run may ask for ("auto": what MindSpore finds).
 EXECUTION_MODES: Tuple[str, ...] = ("graph", "pynative")
 DEVICE_TARGETS: Tuple[str, ...] = ("auto", "CPU", "Ascend")

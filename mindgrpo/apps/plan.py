@@ -7,13 +7,15 @@ For each layout ``data_parallel x model_parallel`` (``pipeline_stage`` 1) that m
 that the model's shape can be split over (:meth:`~mindgrpo.parallel.layout.TPLayout.problems`), the planner
 adds up what one rank holds at its peak, in bytes:
 
-* **weights**: float32 master weights of the rank's tensor-parallel slice (:class:`TPLayout`: heads, KV heads,
+* **weights**: the working weights of the rank's tensor-parallel slice (:class:`TPLayout`: heads, KV heads,
   vocabulary and intermediate size split by ``model_parallel``; norms replicated; KV heads replicated when there are
-  fewer of them than ranks). ``n`` below is that slice's parameter count: ``weights = 4 n``.
-* **gradients**: one float32 accumulator per parameter: ``4 n``.
-* **optimizer**: AdamW's two float32 moments, ``8 n``; with ZeRO-1 (``parallel_config.optimizer_shard``, on by
-  default) each data-parallel rank keeps them for the whole parameters it owns
-  (:func:`mindgrpo.train.optim_state.owner_ranks`, about ``n / dp``): ``8 x`` the largest rank's share.
+  fewer of them than ranks), in ``actor_config.param_dtype``. ``n`` below is that slice's parameter count:
+  ``weights = 4 n`` in float32, ``2 n`` in bfloat16.
+* **gradients**: one accumulator per parameter in ``actor_config.grad_reduce_dtype``: ``4 n`` (or ``2 n``).
+* **optimizer**: AdamW's two float32 moments, ``8 n``, and with bfloat16 weights the float32 master weights,
+  ``4 n`` more; with ZeRO-1 (``parallel_config.optimizer_shard``, on by default) each data-parallel rank keeps them
+  for the whole parameters it owns (:func:`mindgrpo.train.optim_state.owner_ranks`, about ``n / dp``): ``8 x`` (or
+  ``12 x``) the largest rank's share.
 * **reference**: the frozen reference model (only when ``rl_config.beta > 0``), sliced the same way, in
   ``ref_config.compute_dtype``: ``bytes(dtype) n``.
 * **kv_cache**: the native rollout engine's K and V per layer, kept between steps:
@@ -182,15 +184,18 @@ def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_paral
 
 
 def model_state_bytes(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
-                      optimizer_shard: bool = True, reference_dtype: Optional[str] = None) -> Dict[str, int]:
-    """Per-rank bytes of the training state: float32 ``weights``, ``gradients`` (the accumulators) and AdamW
-    ``optimizer`` moments (ZeRO-1 over ``data_parallel`` when ``optimizer_shard``), and the frozen ``reference``
-    copy in ``reference_dtype`` (None: no reference model), plus their ``total``. This is what one rank's resident
-    memory grows by once the actor, reference, accumulators and optimizer are built."""
+                      optimizer_shard: bool = True, reference_dtype: Optional[str] = None,
+                      param_dtype: str = "float32", grad_dtype: str = "float32") -> Dict[str, int]:
+    """Per-rank bytes of the training state: ``weights`` in ``param_dtype``, ``gradients`` (the accumulators) in
+    ``grad_dtype``, the ``optimizer``'s float32 AdamW moments and, with 16-bit weights, float32 master weights
+    (ZeRO-1 over ``data_parallel`` when ``optimizer_shard``), and the frozen ``reference`` copy in
+    ``reference_dtype`` (None: no reference model), plus their ``total``. This is what one rank's resident memory
+    grows by once the actor, reference, accumulators and optimizer are built."""
     n = local_parameters(hf_config, model_parallel)
-    state = {"weights": 4 * n, "gradients": 4 * n,
-             "optimizer": 8 * moment_parameters(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
-                                                optimizer_shard=optimizer_shard),
+    per_owned = 8 + (4 if param_dtype != "float32" else 0)  # moments, and the master copy of 16-bit weights
+    state = {"weights": DTYPE_BYTES[param_dtype] * n, "gradients": DTYPE_BYTES[grad_dtype] * n,
+             "optimizer": per_owned * moment_parameters(hf_config, model_parallel=model_parallel,
+                                                        data_parallel=data_parallel, optimizer_shard=optimizer_shard),
              "reference": DTYPE_BYTES[reference_dtype] * n if reference_dtype else 0}
     state["total"] = sum(state.values())
     return state
@@ -298,7 +303,8 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     sampling = gen.sampling_config
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
                               optimizer_shard=actor.parallel_config.optimizer_shard,
-                              reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None)
+                              reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None,
+                              param_dtype=actor.param_dtype, grad_dtype=actor.grad_reduce_dtype)
     packed_rows = Derived(config).packed_rows  # per forward of both passes; 0: padded
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
@@ -336,8 +342,8 @@ def _why_not(parts: Mapping[str, int], budget: int, recompute: bool, model_paral
     that, added to it, are."""
     state = parts["weights"] + parts["gradients"] + parts["optimizer"]
     head = f"needs {format_bytes(parts['total'])} per rank, over the {format_bytes(budget)} budget: "
-    detail = (f"float32 weights {format_bytes(parts['weights'])} + gradients {format_bytes(parts['gradients'])} + "
-              f"AdamW moments {format_bytes(parts['optimizer'])}")
+    detail = (f"weights {format_bytes(parts['weights'])} + gradients {format_bytes(parts['gradients'])} + "
+              f"optimizer state {format_bytes(parts['optimizer'])}")
     if state > budget:
         return head + f"the training state alone, {detail} = {format_bytes(state)}, is over it" + (
             " (model_parallel 1: every rank holds the whole model)" if model_parallel == 1 else "")

@@ -92,7 +92,20 @@ class ActorConfig:
     """Hugging Face Qwen2.5 folder (config.json + *.safetensors) the policy starts from
     (command line: --actor_checkpoint_path)."""
     compute_dtype: str = "float32"
-    """Matmul dtype: float32 on CPU; bfloat16 or float16 on Ascend. Parameters stay float32."""
+    """Matmul dtype: float32 on CPU; bfloat16 or float16 on Ascend. Weights in another dtype (param_dtype) are cast
+    to it at every use, inside the graph."""
+    param_dtype: str = "float32"
+    """The actor's working weights: ``float32``, or ``bfloat16`` (Megatron's distributed-optimizer recipe): the
+    model's weights and gradients are bf16, and the fp32 master weights and AdamW moments exist only in the
+    optimizer, each parameter's on its ZeRO-1 owner rank (actor_config.parallel_config.optimizer_shard), which
+    updates them and casts the new weights back to bf16 for every rank. 2 bytes a parameter for the weights, 2-4
+    for the gradients (grad_reduce_dtype) and 12 / data_parallel for the optimizer, against 4 + 4 + 8 /
+    data_parallel in float32. On CPU the matmuls still run in float32 (compute_dtype), from the bf16 weights.
+    Checkpoints keep the fp32 master state (exact resume); exports are bf16."""
+    grad_reduce_dtype: str = "float32"
+    """The dtype gradients are accumulated over micro-batches and reduced over ranks in (Megatron's
+    ``accumulate_allreduce_grads_in_fp32``): ``float32`` (default) or ``bfloat16`` (half the gradient memory,
+    with bf16 rounding at every micro-batch). With param_dtype float32 it must be float32."""
     micro_batch_size: int = 8
     """Completions per forward/backward in the update; gradients are accumulated over micro-batches. With
     max_tokens_per_micro_batch it only sets bnpo's averaging groups (the loss stays the padded path's)."""

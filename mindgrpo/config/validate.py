@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
 from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
-                                         IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS, LOSS_IMPLS,
-                                         LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
+                                         GRAD_REDUCE_DTYPES, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS,
+                                         LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
+                                         PARAM_DTYPES,
                                          REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
                                          canonical)
 from mindgrpo.config.derived import Derived
@@ -30,6 +31,8 @@ CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
     "rl_config.scale_rewards": (SCALE_REWARDS, None),
     "rl_config.loss_impl": (LOSS_IMPLS, None),
     "actor_config.compute_dtype": (COMPUTE_DTYPES, None),
+    "actor_config.param_dtype": (PARAM_DTYPES, None),
+    "actor_config.grad_reduce_dtype": (GRAD_REDUCE_DTYPES, None),
     "ref_config.compute_dtype": (COMPUTE_DTYPES, None),
     "actor_config.optimizer.type": (OPTIMIZERS, None),
     "actor_config.lr_schedule.type": (LR_SCHEDULES, LR_SCHEDULE_ALIASES),
@@ -121,6 +124,10 @@ def _range_problems(config: GRPOConfig) -> List[str]:
               "generate_config.sampling_config.min_tokens": sampling.min_tokens}
     problems += [f"{k} = {v}: must not be negative" for k, v in nonneg.items() if v < 0]
     problems += rl.range_problems("rl_config.")
+    actor = config.actor_config
+    if actor.param_dtype == "float32" and actor.grad_reduce_dtype != "float32":
+        problems.append(f"actor_config.grad_reduce_dtype = {actor.grad_reduce_dtype!r} with param_dtype 'float32': "
+                        "float32 weights get float32 gradients; set grad_reduce_dtype: float32")
     if rl.entropy_coef > 0 and config.actor_config.parallel_config.model_parallel > 1:
         problems.append(f"rl_config.entropy_coef = {rl.entropy_coef} with actor_config.parallel_config."
                         "model_parallel > 1: the vocabulary-parallel entropy has no gradient; set entropy_coef: 0")

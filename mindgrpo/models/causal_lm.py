@@ -105,16 +105,17 @@ class Qwen2CausalLM(LlamaForCausalLM):
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
-                seq_length: int = 2048, load_weights: bool = True, tp_rank: int = 0, tp_size: int = 1,
-                tp_group: str = "") -> nn.Cell:
+                param_dtype: str | None = None, seq_length: int = 2048, load_weights: bool = True, tp_rank: int = 0,
+                tp_size: int = 1, tp_group: str = "") -> nn.Cell:
     """Build a Qwen2 model from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
 
     Roles: ``actor`` -> ``Qwen2CausalLM``, trainable. ``reference`` -> ``Qwen2CausalLM`` with every Parameter frozen
     (``requires_grad=False``, so it has no trainable params, no optimizer state, no grads) and in eval mode.
     ``inference`` -> MindFormers' plain ``LlamaForCausalLM`` in eval mode, for its ``generate()``.
 
-    Parameters are float32 for the actor (optimizer updates need it) and in ``compute_dtype`` for the frozen roles
-    (half the memory with a 16-bit compute dtype). ``seq_length`` sizes MindFormers' own causal mask (used by
+    Parameters are in ``param_dtype``: by default float32 for the actor (``bfloat16`` keeps its fp32 master copy
+    in the optimizer, :class:`mindgrpo.train.optim.AdamW`) and ``compute_dtype`` for the frozen roles (half the
+    memory with a 16-bit compute dtype). ``seq_length`` sizes MindFormers' own causal mask (used by
     ``generate``); the ``Qwen2CausalLM`` forward accepts any length up to the RoPE table.
 
     Tensor parallelism (``tp_size > 1``, rank ``tp_rank`` of the MindSpore group ``tp_group``): the result is a
@@ -127,7 +128,9 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     if role not in ROLES:
         raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
     check_dtype("compute_dtype", compute_dtype)
-    param_dtype = "float32" if role == "actor" else compute_dtype
+    if param_dtype is None:
+        param_dtype = "float32" if role == "actor" else compute_dtype
+    check_dtype("param_dtype", param_dtype)
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
     if tp_size > 1:

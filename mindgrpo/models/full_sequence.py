@@ -35,7 +35,8 @@ class FullSequenceForward(Qwen2Blocks):
 
     def construct(self, input_ids, attention_mask, position_ids, image_features=None, image_rows=None):
         b, s = input_ids.shape
-        x = self._embed_rows(input_ids.reshape((-1,)))
+        table, head = self._table_and_head()
+        x = self._embed_rows(input_ids.reshape((-1,)), table)
         if image_features is not None:
             x = merge_image_features(x, self._compute(image_features), image_rows)
         if position_ids.ndim == 3:
@@ -46,4 +47,4 @@ class FullSequenceForward(Qwen2Blocks):
         for i in range(self.num_layers):
             q, k, v = self._qkv_rows(i, x, cos, sin)
             x = self._mlp_rows(i, self._attention_out_rows(i, x, self._causal_attention_rows(q, k, v, bias, b, s)))
-        return self._logits_rows(x).reshape((b, s, -1))
+        return self._logits_rows(x, head).reshape((b, s, -1))

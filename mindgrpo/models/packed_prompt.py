@@ -51,21 +51,22 @@ class PackedPromptForward(PromptBlocks):
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
                   prompt_positions=None, image_features=None, image_rows=None):
         r, w = completion_ids.shape
+        table, head = self._table_and_head()
         valid = ops.cast(prompt_mask, ms.int32)
         if prompt_positions is None:
             prompt_pos = ops.cast(ops.maximum(ops.cumsum(valid, 1) - 1, 0), ms.int32)
             cos, sin = self._rope_rows(ops.concat((prompt_pos.reshape((-1,)), positions.reshape((-1,)))))
-            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))), table)
         else:
-            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows)
+            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows, table)
             completion_cos, completion_sin = self._rope_rows(positions.reshape((-1,)))
             cos, sin = ops.concat((cos, completion_cos)), ops.concat((sin, completion_sin))
-            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)))))
+            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)), table)))
         bias_prompt = self._causal_bias_rows(valid, prompt_ids.shape[1])
         bias_completion = self._packed_bias(valid, segments, row_prompt)
         for layer in self.layers:
             x = layer(x, cos, sin, bias_prompt, bias_completion, row_prompt)
-        return self._logits_rows(ops.gather(x, source, 0)).reshape((r, w, -1))
+        return self._logits_rows(ops.gather(x, source, 0), head).reshape((r, w, -1))
 
     def _packed_bias(self, valid, segments, row_prompt):
         """Additive float32 bias [R, W * groups, P + W] for completion queries (built once, shared by every layer and

@@ -176,10 +176,17 @@ class Qwen2Weights:
         self.spec, params = decoder_weights(actor)
         self.params = ParameterTuple(params)
         self.layer_base = len(_GLOBAL_FIELDS)  # index of layer 0's first weight in ``params``
+        # A tied lm_head is read through the embedding's index: one Parameter read twice in a graph makes MindSpore
+        # copy it (TensorMove), which CPU has no bfloat16 kernel for.
+        self.lm_head_index = 0 if params[2] is params[0] else 2
         self.param_dtype = params[0].dtype
         self.compute_dtype = getattr(find_causal_lm(actor).config, "compute_dtype", None) or self.param_dtype
         if not isinstance(self.compute_dtype, ms.Type):
             self.compute_dtype = getattr(ms, str(self.compute_dtype))
+        # The dtype the embedding table is gathered in: MindSpore's CPU Gather has no bfloat16 kernel, so there a bf16
+        # table is cast to the compute dtype first (a transient copy of the table per forward); Ascend gathers bf16.
+        self.table_dtype = (self.compute_dtype if self.param_dtype == ms.bfloat16
+                            and ms.get_context("device_target") == "CPU" else self.param_dtype)
 
     def layer(self, index: int) -> "Qwen2Weights":
         """Decoder layer ``index``'s Parameters alone (the same objects), addressed as layer 0: a layer Cell that
@@ -193,7 +200,7 @@ class Qwen2Weights:
 
     def graph_key(self) -> str:
         """Everything but the weights' values that a layer's graph depends on."""
-        return repr((self.spec, str(self.param_dtype), str(self.compute_dtype),
+        return repr((self.spec, str(self.param_dtype), str(self.compute_dtype), str(self.table_dtype),
                      tuple((tuple(p.shape), str(p.dtype)) for p in self.params)))
 
 
@@ -232,6 +239,8 @@ class Qwen2Blocks(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.dtype = weights.compute_dtype
         self.cast_weights = weights.param_dtype != weights.compute_dtype
+        self.cast_table = weights.table_dtype != weights.param_dtype
+        self.lm_head = weights.lm_head_index
         self.cache_len = cache_len
         cos, sin = rope_tables(spec.head_dim, spec.rope_theta, cache_len)
         self.cos, self.sin = Tensor(cos), Tensor(sin)
@@ -268,12 +277,33 @@ class Qwen2Blocks(nn.Cell):
     def _w(self, layer: int, field: int):
         return self._param(self.layer_base + layer * self.stride + field)
 
-    def _embed_t(self, tokens):
-        """Embeddings of tokens [rows], feature-major [hidden, rows]."""
-        h = embed_lookup(self.comm, self.weights[0], tokens, self.vocab_start)
+    def _table_and_head(self):
+        """The embedding table and the lm_head weight, each read once for the whole graph; a tied head is the
+        table's own read, cast once. Reading one Parameter twice across a graph's KV-cache writes makes MindSpore
+        copy it for each read (TensorMove: the whole table; CPU has no bfloat16 TensorMove), and casting it twice
+        makes the backward add two bfloat16 gradients (CPU has no bfloat16 AddN): once, the float32 gradients add
+        up before the one cast back."""
+        table = self.weights[0]
+        if self.lm_head != 0:
+            return table, self.weights[self.lm_head]
         if self.cast_weights:
-            h = ops.cast(h, self.dtype)
-        return h.T
+            table = ops.cast(table, self.dtype)
+        return table, table
+
+    def _embed_t(self, tokens, table=None):
+        """Embeddings of tokens [rows], feature-major [hidden, rows]."""
+        return self._embedding(tokens, table).T
+
+    def _embedding(self, tokens, table=None):
+        """Embedding rows [rows, hidden] in the compute dtype (the table cast before the lookup where the device
+        cannot gather its dtype, see ``Qwen2Weights.table_dtype``; else the rows after it). ``table``: the
+        embedding Parameter as already read (:meth:`_table_and_head`), or None to read it."""
+        if table is None:
+            table = self.weights[0]
+        if self.cast_table and table.dtype != self.dtype:
+            table = ops.cast(table, self.dtype)
+        h = embed_lookup(self.comm, table, tokens, self.vocab_start)
+        return ops.cast(h, self.dtype) if h.dtype != self.dtype else h
 
     def _f32(self, x):
         return ops.cast(x, ms.float32) if self.low_precision else x
@@ -322,13 +352,19 @@ class Qwen2Blocks(nn.Cell):
         return hT + self.comm.reduce_no_grad(
             ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x)))
 
-    def _logits_t(self, hT):
+    def _logits_t(self, hT, head=None):
         """float32 logits over the whole vocabulary, feature-major [vocab, rows], of feature-major final hidden
         states hT [hidden, rows] (gathered over tensor-parallel ranks: the sampler needs every column; only the
         rows being decoded, never [tokens, vocab]). The caller transposes on the host: on CPU MindSpore's
         Transpose of [vocab, rows] costs as much as the product."""
         x = self._rms_norm_t(hT, self._param(1))
-        return self.comm.gather_slots(self._f32(ops.matmul(self._param(2), x)), 0)
+        return self.comm.gather_slots(self._f32(ops.matmul(self._head(head), x)), 0)
+
+    def _head(self, head=None):
+        """The lm_head weight in the compute dtype; ``head``: as already read (:meth:`_table_and_head`)."""
+        if head is None:
+            return self._param(self.lm_head)
+        return ops.cast(head, self.dtype) if head.dtype != self.dtype else head
 
     def _attend(self, q, k, v, bias):
         """Grouped attention: q [b, kv_heads, groups*s, d], k/v [b, kv_heads, t, d], bias broadcast to scores."""
@@ -342,8 +378,8 @@ class Qwen2Blocks(nn.Cell):
     # transposed operands, expand broadcast operands with ``Tile`` (index-free) and run attention one KV head at a
     # time on column slices, so they need no such table. (The decode graph keeps the feature-major blocks above:
     # its tensors are a few rows, and it is bound by kernel launches, which Tile would add.)
-    def _embed_rows(self, tokens):
-        return self._compute(embed_lookup(self.comm, self.weights[0], tokens, self.vocab_start))
+    def _embed_rows(self, tokens, table=None):
+        return self._embedding(tokens, table)
 
     def _rope_rows(self, positions):
         """cos/sin [rows, heads + kv_heads, head_dim] for flat positions, shared by every layer."""
@@ -409,10 +445,10 @@ class Qwen2Blocks(nn.Cell):
         return x + self.comm.reduce(self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h),
                                                   self._w(layer, self.f_w2)))
 
-    def _logits_rows(self, x):
+    def _logits_rows(self, x, head=None):
         """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
         parallelism each rank projects onto its own vocabulary slice (see mindgrpo.parallel.layers)."""
-        return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._param(2)))
+        return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._head(head)))
 
     def _scores_softmax(self, scores, bias):
         return self._compute(self.softmax(self._f32(scores) * self.scale + bias))

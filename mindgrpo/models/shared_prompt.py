@@ -50,12 +50,12 @@ class PromptBlocks(Qwen2Blocks):
     as transformers' ``generate`` decodes).
     """
 
-    def _vl_prompt_rows(self, prompt_ids, prompt_positions, image_features, image_rows):
+    def _vl_prompt_rows(self, prompt_ids, prompt_positions, image_features, image_rows, table=None):
         """Embeddings ``[S * P, hidden]`` and cos/sin of the prompts' rows: ``prompt_positions`` int32
         ``[3, S, P]``; ``image_features [N, hidden]`` with ``image_rows`` int32 ``[S * P]`` from
         :func:`~mindgrpo.models.image_tokens.image_source_rows` over ``prompt_ids`` (both None: no image)."""
         s, p = prompt_ids.shape
-        x = self._embed_rows(prompt_ids.reshape((-1,)))
+        x = self._embed_rows(prompt_ids.reshape((-1,)), table)
         if image_features is not None:
             x = merge_image_features(x, self._compute(image_features), image_rows)
         cos, sin = self._mrope_rows(prompt_positions.reshape((3, s * p)))
@@ -92,6 +92,7 @@ class SharedPromptForward(PromptBlocks):
         ng, p = prompt_ids.shape
         n, t = completion_ids.shape
         g = self.num_generations
+        table, head = self._table_and_head()
         valid = ops.cast(prompt_mask, ms.int32)
         steps = ops.tile(ops.arange(t, dtype=ms.int32).reshape((1, t)), (ng, g))
         if prompt_positions is None:
@@ -100,14 +101,14 @@ class SharedPromptForward(PromptBlocks):
             completion_pos = ops.tile(lengths.reshape((ng, 1)), (1, g * t)) + steps
             positions = ops.concat((prompt_pos.reshape((-1,)), completion_pos.reshape((-1,))))
             cos, sin = self._rope_rows(positions)
-            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))))
+            x = self._embed_rows(ops.concat((prompt_ids.reshape((-1,)), completion_ids.reshape((-1,)))), table)
         else:
-            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows)
+            x, cos, sin = self._vl_prompt_rows(prompt_ids, prompt_positions, image_features, image_rows, table)
             # completion token t sits at index P + t of the padded [prompt | completion] row
             starts = ops.cast(rope_deltas, ms.int32).reshape((ng, 1)) + p
             completion_cos, completion_sin = self._rope_rows((ops.tile(starts, (1, g * t)) + steps).reshape((-1,)))
             cos, sin = ops.concat((cos, completion_cos)), ops.concat((sin, completion_sin))
-            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)))))
+            x = ops.concat((x, self._embed_rows(completion_ids.reshape((-1,)), table)))
         bias_prompt = self._causal_bias_rows(valid, p)
         bias_completion = self._completion_bias(valid, p, t)
         for layer in self.layers:
@@ -117,7 +118,7 @@ class SharedPromptForward(PromptBlocks):
         last_prompt = ops.tile(x[:split].reshape((ng, 1, p, hidden))[:, :, p - 1:], (1, g, 1, 1))  # [NG, G, 1, H]
         completion = x[split:].reshape((ng, g, t, hidden))[:, :, :t - 1]
         predict = ops.concat((last_prompt, completion), 2).reshape((n * t, hidden))
-        return self._logits_rows(predict).reshape((n, t, -1))
+        return self._logits_rows(predict, head).reshape((n, t, -1))
 
     def _completion_bias(self, valid, p: int, t: int):
         """Additive float32 bias [NG * G, T * groups, P + T] for completion queries (built once, shared by every layer

@@ -237,7 +237,7 @@ def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike) -> None:
 
 def host_array(param: Parameter) -> np.ndarray:
     """A float32 host copy of a Parameter (bfloat16 has no numpy type, so cast on the device side first)."""
-    value = param.value() if param.dtype == ms.float32 else param.value().astype(ms.float32)
+    value = param.value() if param.dtype == ms.float32 else param.astype(ms.float32)  # CPU has no bf16 Identity
     return np.array(value.asnumpy(), dtype=np.float32, copy=True)  # never a view the optimizer could update
 
 

@@ -23,8 +23,10 @@ from mindgrpo.ops import build
 
 def fused_decode_available(device_target: str, compute_dtype, param_dtype, qkv_bias: bool) -> bool:
     """Whether the kernels can run a model with these compute and weight dtypes (and q/k/v biases or not, as in
-    Qwen2) on ``device_target``."""
-    return device_target == "CPU" and compute_dtype == ms.float32 and param_dtype == ms.float32 and qkv_bias
+    Qwen2) on ``device_target``. The kernels read float32 activations, norms and biases: bfloat16 weights are cast
+    to the float32 compute dtype at every use, as in the plain graphs."""
+    return (device_target == "CPU" and compute_dtype == ms.float32 and param_dtype in (ms.float32, ms.bfloat16)
+            and qkv_bias)
 
 
 class DecodeStepOps(NamedTuple):

@@ -23,7 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 import mindspore as ms
-from mindspore import ParameterTuple, Tensor, nn
+from mindspore import Tensor, nn
 
 from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
@@ -42,7 +42,7 @@ from mindgrpo.train.packing import MicroBatch, micro_batches
 from mindgrpo.train.prompt_images import PromptVision, VisionBatch
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.step_graphs import (AccumulateGradients, ApplyGradients, CompletionLogProbs, GRPOLossCell,
-                                        PackedLossCell, ReduceAndClip, completion_forward)
+                                        PackedLossCell, ReduceAndClip, completion_forward, gradient_buffers)
 
 
 class ModelWorker:
@@ -56,7 +56,7 @@ class ModelWorker:
         # Under tensor parallelism each model is this rank's slices, read straight from the HF folder.
         tp = dict(tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
         self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
-                                 seq_length=rl.seq_length, **tp)
+                                 param_dtype=actor_cfg.param_dtype, seq_length=rl.seq_length, **tp)
         self.hf_config = self.actor.hf_config
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
                                       seq_length=rl.seq_length, **tp) if rl.beta > 0 else None)
@@ -89,7 +89,7 @@ class ModelWorker:
                      GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
                                   grad_accum_steps=derived.grad_accum_steps, dp_size=dist.dp_size,
                                   max_completion_length=sampling.max_tokens))
-        accumulators = ParameterTuple(self.params).clone(prefix="grad_accum", init="zeros")
+        accumulators = gradient_buffers(self.params, actor_cfg.grad_reduce_dtype)
         self._accumulate = AccumulateGradients(loss_cell, self.params, accumulators)
         self._reduce_and_clip = ReduceAndClip(accumulators, actor_cfg.optimizer.max_grad_norm, dist,
                                               self.layout if dist.tp_size > 1 else None, self.param_names)
@@ -149,13 +149,15 @@ class ModelWorker:
     def export(self, out_dir: Path) -> None:
         """The actor as a Hugging Face folder (the checkpoint manager hands us a fresh, empty folder). Under tensor
         parallelism each tensor is gathered from the ranks' slices as it is written, one at a time; the other
-        ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile."""
+        ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile. The weights are written in
+        their own dtype (``actor_config.param_dtype``: bf16 working weights export as bf16, exactly)."""
+        dtype = self.config.actor_config.param_dtype
         if self.dist.tp_size == 1:
             export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
-                      overwrite=True, vision_tower=None if self.vision is None else self.vision.tower)
+                      dtype=dtype, overwrite=True, vision_tower=None if self.vision is None else self.vision.tower)
             return
         export_hf_arrays(out_dir, self.full_shapes, self._gather_full, hf_config=self.hf_config,
-                         tokenizer_dir=self.config.tokenizer_dir, overwrite=True)
+                         tokenizer_dir=self.config.tokenizer_dir, dtype=dtype, overwrite=True)
 
     def serve_export(self) -> None:
         """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same (``full_shapes``) order."""
@@ -168,7 +170,10 @@ class ModelWorker:
         return self.layout.assemble(hf_name, list(pieces), self.full_shapes[hf_name])
 
     def load_weights(self, model_dir: Path) -> None:
+        """The actor's weights from an HF folder; under mixed precision the fp32 masters restart from them (a resume
+        then restores the exact masters with :meth:`load_optimizer`)."""
         load_hf_weights(self.actor, model_dir)
+        self.optimizer.sync_master_from_weights()
         if self.vision is not None:
             load_vision_weights(self.vision.tower, model_dir)
         self.sync_weights()
@@ -184,12 +189,14 @@ class ModelWorker:
                                                                  optimizer_shard=self.optimizer.sharded))
 
     def load_optimizer(self, folder: Path) -> None:
-        """This rank's moments from a checkpoint's ``optimizer/`` folder, resharded from the layout it was written
-        under (tensor-parallel degree, data-parallel size, ZeRO-1 or not) to this one."""
+        """This rank's moments (and fp32 master weights under mixed precision) from a checkpoint's ``optimizer/``
+        folder, resharded from the layout it was written under (tensor-parallel degree, data-parallel size, ZeRO-1
+        or not) to this one."""
         files = sorted(folder.glob("rank_*.safetensors"))
         state = load_resharded(files, ckpt.load_json(folder / "layout.json"), self.layout,
                                self.optimizer.owned_names, self.full_shapes)
         self.optimizer.load_state_arrays(state)
+        self.optimizer.weights_from_masters()
 
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for this worker so far (its per-Cell compile caches and the engine's)."""
@@ -343,6 +350,7 @@ class ModelWorker:
             local_bad = not all(np.isfinite(v) for v in sums.values())
             if np.isfinite(norm) and not all_reduce_sum(np.array([float(local_bad)]), self.dist, over=WORLD)[0]:
                 self._apply(*self.optimizer.hyper_tensors(lr))
+                self.optimizer.publish()
             else:
                 self._drop_gradients()
                 skipped += 1  # keep the last good weights; the trainer counts and eventually stops

@@ -14,6 +14,15 @@ parameters this data-parallel rank owns (:func:`mindgrpo.train.optim_state.owner
 Parameters at all, which is the memory saving. After the owners' in-place updates, one AllReduce-SUM per parameter
 over the data-parallel group, to which non-owners add zeros, gives every rank the new weights exactly (``x + 0 =
 x``). AllReduce-SUM is used because it is the collective CPU runs on any group (see :mod:`mindgrpo.parallel.groups`).
+
+Mixed precision (Megatron's distributed optimizer; ``actor_config.param_dtype: bfloat16``): the model's Parameters
+are bf16 working weights, and only the optimizer holds fp32 state: for each parameter a rank owns, an fp32 master
+copy beside the two moments. The kernel steps the master in fp32 (the gradient cast to fp32 if it was reduced in
+bf16), and the working weight becomes its cast to bf16: in place on one rank, or on every rank through the same
+AllReduce-SUM of the owners' fp32 masters and the others' zeros (then cast). A rank therefore holds 2 bytes a
+parameter of weights and 12 of optimizer state for its 1/data_parallel share. MindSpore's CPU backend has no
+bfloat16 Assign, so on CPU the graph steps the masters and :meth:`AdamW.publish` writes the working weights from the
+host after it (the same sum, over the host collectives, under ZeRO-1); on Ascend the graph does it all.
 """
 from __future__ import annotations
 
@@ -26,8 +35,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.config import LRScheduleConfig, OptimizerConfig
-from mindgrpo.parallel.groups import DistInfo
-from mindgrpo.train.optim_state import MOMENTS, STEP_COUNT, owner_ranks
+from mindgrpo.parallel.groups import DP, DistInfo, all_reduce_sum
+from mindgrpo.train.optim_state import MASTER, MOMENTS, STEP_COUNT, owner_ranks
 
 
 def learning_rate_at(schedule: LRScheduleConfig, step: int, total_steps: int) -> float:
@@ -70,11 +79,23 @@ _adam_step = ops.MultitypeFuncGraph("adam_step")
                      "Tensor", "Tensor", "Bool", "Bool")
 def _adam_update(adam, beta1, beta2, step_size, eps, decay, no_decay, param, exp_avg, exp_avg_sq, grad, decays,
                  owned):
-    """The fused kernel's in-place step of one parameter; the new value, or zeros where another rank owns it."""
+    """The fused kernel's in-place step of one parameter (its fp32 master, under mixed precision); the new value, or
+    float32 zeros where another rank owns it (the ZeRO-1 sum then reads the owner's)."""
     if not owned:
-        return ops.zeros_like(param)
+        return ops.zeros(param.shape, ms.float32)
+    if grad.dtype != param.dtype:  # bf16-reduced gradients into an fp32 master
+        grad = grad.astype(param.dtype)
     update = adam(param, exp_avg, exp_avg_sq, step_size, beta1, beta2, eps, decay if decays else no_decay, grad)
     return ops.depend(param, update)
+
+
+_publish = ops.MultitypeFuncGraph("publish")
+
+
+@_publish.register("Tensor", "Tensor")
+def _publish_weight(param, master):
+    """The working weight from its stepped fp32 master (mixed precision, one data-parallel rank)."""
+    return ops.assign(param, master.astype(param.dtype))
 
 
 _adam_step_and_reset = ops.MultitypeFuncGraph("adam_step_and_reset")
@@ -106,6 +127,7 @@ class AdamW(nn.Cell):
         if len(self.names) != len(self.params):
             raise ValueError(f"{len(self.names)} names for {len(self.params)} parameters")
         self.sharded = bool(optimizer_shard and dist is not None and dist.dp_size > 1)
+        self.dist = dist
         if self.sharded:
             owners = owner_ranks([int(np.prod(p.shape)) for p in self.params], dist.dp_size)
             owned = [i for i, owner in enumerate(owners) if owner == dist.dp_rank]
@@ -115,18 +137,29 @@ class AdamW(nn.Cell):
         # slots[i]: index of parameter i's moments, or -1 when another data-parallel rank keeps them.
         position = {i: slot for slot, i in enumerate(owned)}
         slots = [position.get(i, -1) for i in range(len(self.params))]
-        kept = ParameterTuple([self.params[i] for i in owned])
-        self.exp_avg = kept.clone(prefix="exp_avg", init="zeros")
-        self.exp_avg_sq = kept.clone(prefix="exp_avg_sq", init="zeros")
-        # One entry per parameter for the HyperMap; a parameter whose moments another rank keeps stands in for them
+        kept = [self.params[i] for i in owned]
+        # Mixed precision: the owned parameters' fp32 master weights, which the kernel steps (see the module
+        # docstring); none when the weights are fp32 themselves.
+        self.mixed = any(p.dtype != ms.float32 for p in self.params)
+        # Whether the step's graph writes the bf16 working weights (see the module docstring; else publish()).
+        self.publishes_in_graph = not self.mixed or ms.get_context("device_target") != "CPU"
+        self.slots = tuple(slots)
+        self.master = ParameterTuple([_fp32_state(MASTER, p, p.astype(ms.float32)) for p in kept]
+                                     if self.mixed else [])
+        self.exp_avg = ParameterTuple([_fp32_state("exp_avg", p) for p in kept])
+        self.exp_avg_sq = ParameterTuple([_fp32_state("exp_avg_sq", p) for p in kept])
+        # One entry per parameter for the HyperMap; a parameter whose state another rank keeps stands in for it
         # (its `owned` flag is False, so the update never reads them).
         self.owned = tuple(slot >= 0 for slot in slots)
+        self.stepped = ParameterTuple([self.master[slot] if self.mixed and slot >= 0 else p
+                                       for slot, p in zip(slots, self.params)])
         self.exp_avg_slots = ParameterTuple([self.exp_avg[slot] if slot >= 0 else p
                                              for slot, p in zip(slots, self.params)])
         self.exp_avg_sq_slots = ParameterTuple([self.exp_avg_sq[slot] if slot >= 0 else p
                                                 for slot, p in zip(slots, self.params)])
         self.hyper_map = ops.HyperMap()
-        self.sync_runs = tuple(parameter_runs(len(self.params))) if self.sharded else ()
+        self.sync_runs = (tuple(parameter_runs(len(self.params))) if self.sharded and self.publishes_in_graph
+                          else ())
         self.owned_names = tuple(self.names[i] for i in owned)
         self.beta1, self.beta2, self.eps = config.beta1, config.beta2, config.eps
         self.weight_decay = config.weight_decay
@@ -149,9 +182,11 @@ class AdamW(nn.Cell):
     def _step(self, update, grads, step_size, eps, decay):
         updated = self.hyper_map(ops.partial(update, self.adam, self.betas[0], self.betas[1], step_size, eps, decay,
                                              self.no_decay),
-                                 self.params, self.exp_avg_slots, self.exp_avg_sq_slots, grads, self.decay_flags,
+                                 self.stepped, self.exp_avg_slots, self.exp_avg_sq_slots, grads, self.decay_flags,
                                  self.owned)
         previous = ops.depend(step_size, updated)
+        if self.mixed and not self.sharded and self.publishes_in_graph:
+            previous = ops.depend(previous, self.hyper_map(_publish, self.params, updated))
         for start, stop in self.sync_runs:  # ZeRO-1 only
             previous = self._sync(updated, start, stop, previous)
         return ops.depend(step_size, previous)
@@ -162,8 +197,31 @@ class AdamW(nn.Cell):
         one (the ranks' graphs differ, as each updates its own parameters, and collectives must be issued in the
         same order everywhere)."""
         for i in range(start, stop):
-            previous = ops.assign(self.params[i], self.all_reduce(ops.depend(updated[i], previous)))
+            new = self.all_reduce(ops.depend(updated[i], previous))
+            if self.mixed:
+                new = new.astype(self.params[i].dtype)
+            previous = ops.assign(self.params[i], new)
         return previous
+
+    def publish(self) -> None:
+        """After a step on CPU under mixed precision: each working weight from its fp32 master (see the module
+        docstring). Nothing to do where the step's graph wrote them."""
+        if not self.publishes_in_graph:
+            self.weights_from_masters()
+
+    def weights_from_masters(self) -> None:
+        """Mixed precision: every working weight set to its fp32 master, cast to the weight's dtype, on every rank
+        (the owner's master summed with the others' zeros over the data-parallel group under ZeRO-1). After a step
+        on CPU, and after a resume: the checkpoint's weights are stored in bf16, so a weight kept in float32 (the
+        norms) is only exact in its master."""
+        if not self.mixed:
+            return
+        for param, slot in zip(self.params, self.slots):
+            if not self.sharded:
+                param.set_data(self.master[slot].astype(param.dtype))
+                continue
+            mine = self.master[slot].asnumpy() if slot >= 0 else np.zeros(param.shape, np.float32)
+            param.set_data(Tensor(all_reduce_sum(mine, self.dist, over=DP).astype(np.float32)).astype(param.dtype))
 
     def hyper_tensors(self, lr: float) -> Tuple[Tensor, Tensor, Tensor]:
         """Advance the step count and return the kernel's (step size, epsilon, decay) as float32 tensors.
@@ -179,10 +237,12 @@ class AdamW(nn.Cell):
                 Tensor(self.weight_decay * c1 / root_c2, ms.float32))
 
     def _moments(self):
-        """(state key, moment Parameter) for the moments this rank keeps."""
-        for moment, params in zip(MOMENTS, (self.exp_avg, self.exp_avg_sq)):
+        """(state key, Parameter) for the fp32 state this rank keeps: the moments, and the master weights under
+        mixed precision."""
+        kinds = tuple(zip(MOMENTS, (self.exp_avg, self.exp_avg_sq))) + (((MASTER, self.master),) if self.mixed else ())
+        for kind, params in kinds:
             for name, param in zip(self.owned_names, params):
-                yield f"{moment}.{name}", param
+                yield f"{kind}.{name}", param
 
     def state_arrays(self) -> Dict[str, np.ndarray]:
         """This rank's moments (``exp_avg.<name>``, ``exp_avg_sq.<name>``) plus the step count, for checkpoints;
@@ -202,6 +262,21 @@ class AdamW(nn.Cell):
                 raise ValueError(f"optimizer state {key} has shape {state[key].shape}, expected {param.shape}")
             param.set_data(Tensor(state[key], param.dtype))
         self.step_count = int(state[STEP_COUNT])
+
+    def sync_master_from_weights(self) -> None:
+        """Mixed precision: restart the fp32 masters from the working weights (after weights were loaded without
+        optimizer state: a new run from a bf16 folder). A resumed run restores them with the moments instead."""
+        if not self.mixed:
+            return
+        for i, slot in enumerate(self.slots):
+            if slot >= 0:
+                self.master[slot].set_data(self.params[i].astype(ms.float32))
+
+
+def _fp32_state(kind: str, param: Parameter, value: Optional[Tensor] = None) -> Parameter:
+    """An fp32 optimizer-state Parameter for ``param`` (zeros unless ``value``), named ``<kind>.<param name>``."""
+    return Parameter(ops.zeros(param.shape, ms.float32) if value is None else value, name=f"{kind}.{param.name}",
+                     requires_grad=False)
 
 
 _square_sum = ops.MultitypeFuncGraph("square_sum")

@@ -3,7 +3,8 @@
 Under ZeRO-1 every data-parallel rank keeps the moments of only some parameters (:func:`owner_ranks`), and under
 tensor parallelism each rank's moments are slices of the Hugging Face tensors, cut like the weights
 (:class:`~mindgrpo.parallel.layout.TPLayout`). A checkpoint therefore holds one file per rank, each keyed by
-HF name (``exp_avg.<hf_name>``, ``exp_avg_sq.<hf_name>``, ``step_count``) and holding only what that rank keeps,
+HF name (``exp_avg.<hf_name>``, ``exp_avg_sq.<hf_name>``, with bf16 weights ``master.<hf_name>``, ``step_count``) and
+holding only what that rank keeps,
 plus one layout record. :func:`load_resharded` gives a rank of any other layout its moments: for each parameter it
 owns, the old slices are read from whichever old data-parallel rank kept them, joined into the full tensor and cut
 again. Only the needed tensors are read (``safe_open``), so a rank never loads the whole optimizer state.
@@ -20,6 +21,9 @@ import numpy as np
 from mindgrpo.parallel.layout import TPLayout
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
+# The fp32 master weights of a mixed-precision run (actor_config.param_dtype bfloat16), kept and resharded as the
+# moments are: ``master.<hf_name>``.
+MASTER = "master"
 STEP_COUNT = "step_count"
 RECORD_FORMAT = "mindgrpo-optimizer-shards"
 
@@ -109,13 +113,15 @@ def _reshard(handles, files, source: TPLayout, target: TPLayout, dp: int, owned,
                          "it was written for a different model")
 
     state: Dict[str, np.ndarray] = {STEP_COUNT: np.array(steps.pop(), dtype=np.int64)}
+    kinds = MOMENTS + ((MASTER,) if any(key.startswith(MASTER + ".") for rank_keys in keys for key in rank_keys)
+                       else ())
     for name in owned:
         if name not in full_shapes:
             raise ValueError(f"no full shape given for '{name}'")
         shape = tuple(int(n) for n in full_shapes[name])
         split = source.shard(name, shape) is not None
-        for moment in MOMENTS:
-            key = f"{moment}.{name}"
+        for kind in kinds:
+            key = f"{kind}.{name}"
             if split:
                 full = source.assemble(name, [piece(key, name, shape, t) for t in range(tp)], shape)
             else:  # every old tensor-parallel rank holds the whole tensor: read one

@@ -67,6 +67,7 @@ def check_settings(config: "GRPOConfig") -> "RewardScorer":
     verifier leaves nothing behind. Returns the scorer (close it if the run goes no further)."""
     check_micro_batches(config)
     check_device(config.rl_config.device_target)
+    check_gradient_dtype(config)
     check_compile_cache()
     return reward_scorer(config)
 
@@ -108,6 +109,23 @@ def check_device(target: str) -> None:
                       "/usr/local/Ascend/ascend-toolkit/set_env.sh`, which sets ASCEND_HOME_PATH and "
                       "LD_LIBRARY_PATH; `python -m mindgrpo doctor` checks the device), or set "
                       "rl_config.device_target=CPU")
+
+
+def check_gradient_dtype(config: "GRPOConfig") -> None:
+    """bfloat16 gradient buffers are written in place by the step graphs, and MindSpore's CPU backend has no
+    bfloat16 Assign (nor Mul): they need Ascend. (bfloat16 *weights* run on CPU: the optimizer writes them from the
+    host there, see mindgrpo.train.optim.)"""
+    if config.actor_config.grad_reduce_dtype != "bfloat16":
+        return
+    target = config.rl_config.device_target
+    if target == "auto":
+        from mindspore._c_expression import MSContext
+
+        target = "Ascend" if MSContext.get_instance().is_pkg_support_device("Ascend") else "CPU"
+    if target != "Ascend":
+        raise ConfigError(f"actor_config.grad_reduce_dtype = bfloat16 on {target}: MindSpore's {target} backend "
+                          "cannot write bfloat16 gradient buffers in place; set actor_config.grad_reduce_dtype: "
+                          "float32 (bfloat16 weights still train, with float32 gradients)")
 
 
 def check_launch(config: "GRPOConfig", world_size: int) -> None:

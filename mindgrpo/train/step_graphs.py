@@ -158,6 +158,24 @@ class PackedLossCell(GRPOLossCell):
                           completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights=row_weights)
 
 
+def gradient_buffers(params: Sequence[ms.Parameter], dtype: str) -> ParameterTuple:
+    """One zero accumulator per parameter, in ``dtype`` (``actor_config.grad_reduce_dtype``): the gradients of
+    every micro-batch are added into these, reduced over ranks, clipped and read by the optimizer in place, so
+    they are the only gradient copy of the step."""
+    dtype = getattr(ms, dtype)
+    return ParameterTuple([ms.Parameter(ops.zeros(p.shape, dtype), name=f"grad_accum.{p.name}", requires_grad=False)
+                           for p in params])
+
+
+_add_into = ops.MultitypeFuncGraph("add_into")
+
+
+@_add_into.register("Tensor", "Tensor")
+def _add_gradient(accumulator, grad):
+    """accumulator += grad, the gradient cast first when it is in the weights' dtype (bf16 weights, fp32 buffers)."""
+    return ops.assign_add(accumulator, grad if grad.dtype == accumulator.dtype else grad.astype(accumulator.dtype))
+
+
 class AccumulateGradients(nn.Cell):
     """Forward + backward of one micro-batch, adding the gradients into accumulator Parameters.
 
@@ -169,11 +187,11 @@ class AccumulateGradients(nn.Cell):
         super().__init__(auto_prefix=False)
         self.grad_fn = ms.value_and_grad(loss_cell, None, ParameterTuple(params), has_aux=True)
         self.accumulators = accumulators
-        self.hyper_map, self.assign_add = ops.HyperMap(), ops.AssignAdd()
+        self.hyper_map = ops.HyperMap()
 
     def construct(self, *inputs):
         (loss, metrics, entropy, gap), grads = self.grad_fn(*inputs)
-        added = self.hyper_map(self.assign_add, self.accumulators, grads)
+        added = self.hyper_map(_add_into, self.accumulators, grads)
         return ops.depend(loss, added), metrics, entropy, gap
 
 

@@ -82,7 +82,8 @@ class PrefillGraph(Qwen2Blocks):
             cos, sin = self._mrope_rows(positions.reshape((3, p * s)))
         else:
             cos, sin = self._rope_rows(positions.reshape((-1,)))
-        x = self._embed_rows(tokens.reshape((-1,)))  # [P*S, hidden]
+        table, head = self._table_and_head()
+        x = self._embed_rows(tokens.reshape((-1,)), table)  # [P*S, hidden]
         if image_features is not None:
             x = merge_image_features(x, self._compute(image_features), image_rows)
         bias = self._causal_bias_rows(key_valid, s)
@@ -92,7 +93,7 @@ class PrefillGraph(Qwen2Blocks):
             writes += self._write_cache(i, k, v, rows, p, s)
         last = x.reshape((p, s, self.hidden))[:, s - 1]  # each prompt's last token
         # the sampler needs every column: gather the vocabulary slices of the P prompts' last tokens
-        return ops.depend(self.comm.gather_slots(self._logits_rows(last), 1), writes)
+        return ops.depend(self.comm.gather_slots(self._logits_rows(last, head), 1), writes)
 
     def _write_cache(self, layer: int, k, v, rows, p: int, s: int):
         """Write the prompts' keys/values k, v [P*S, kv_heads, d] of ``layer`` into the cache Parameters (layout
@@ -143,7 +144,8 @@ class DecodeGraph(Qwen2Blocks):
         rows = its cache row, distinct); write_pos: scalar cache index of this token (the same for all rows).
         Returns float32 logits transposed, [vocab, batch]."""
         b = tokens.shape[0]
-        hT = self._embed_t(tokens)  # [hidden, B]
+        table, head = self._table_and_head()
+        hT = self._embed_t(tokens, table)  # [hidden, B]
         cos = ops.gather(self.cos, positions, 0)
         sin = ops.gather(self.sin, positions, 0)
         valid = ops.logical_and(self.key_index.reshape((1, -1)) >= start.reshape((-1, 1)),
@@ -161,7 +163,7 @@ class DecodeGraph(Qwen2Blocks):
                 k_cache, v_cache = ops.gather(k_cache, rows, 0), ops.gather(v_cache, rows, 0)
             ctx = self._attend(q.reshape((b, self.kv_heads, self.groups, self.head_dim)), k_cache, v_cache, bias)
             hT = self._mlp(i, self._attention_out(i, hT, ctx.reshape((b, self.context_width))))
-        return self._logits_t(hT)
+        return self._logits_t(hT, head)
 
 
 class FusedDecodeGraph(Qwen2Blocks):
@@ -184,7 +186,8 @@ class FusedDecodeGraph(Qwen2Blocks):
 
     def construct(self, tokens, positions, start, write_pos, rows):
         """As :meth:`DecodeGraph.construct`."""
-        hT = self._embed_t(tokens)  # [hidden, B]
+        table, head = self._table_and_head()
+        hT = self._embed_t(tokens, table)  # [hidden, B]
         x = self.rms_norm_op(hT, self._w(0, self.f_norm1), self.eps_tensor)
         for i in range(self.num_layers):
             ctx = self.attention_op(ops.matmul(self._w(i, self.f_wq), x), ops.matmul(self._w(i, self.f_wk), x),
@@ -198,7 +201,7 @@ class FusedDecodeGraph(Qwen2Blocks):
             norm = self._w(i + 1, self.f_norm1) if i + 1 < self.num_layers else self._param(1)
             hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_w2), up)), norm,
                                          self.eps_tensor)
-        return self.comm.gather_slots(ops.matmul(self._param(2), x), 0)  # float32 logits [vocab, B], as DecodeGraph
+        return self.comm.gather_slots(ops.matmul(self._head(head), x), 0)  # float32 logits [vocab, B], as DecodeGraph
 
 
 def new_kv_cache(weights: Qwen2Weights, batch: int, cache_len: int, tag: str) -> ParameterTuple:
