@@ -1,4 +1,4 @@
-"""Read a Hugging Face Qwen2/Qwen2.5 ``config.json`` and turn it into a MindFormers ``LlamaConfig``.
+"""Read a Hugging Face Qwen2/Qwen2.5(-VL) ``config.json``: the model shape every check, plan and build starts from.
 
 MindFormers' ``Qwen2ForCausalLM`` is inference-only and Ascend-only, so we build Qwen2 the MindRLHF way: a
 ``LlamaForCausalLM`` with q/k/v bias, HF-style half rotation (``use_rope_slice``), plain-ops RMSNorm and plain
@@ -201,27 +201,3 @@ def check_dtype(name: str, value: str) -> str:
     if value not in DTYPES:
         raise ValueError(f"{name}={value!r}: expected one of {', '.join(DTYPES)}")
     return value
-
-
-def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int):
-    """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2."""
-    from mindformers.models.llama import LlamaConfig  # heavy import, only when a model is built
-
-    check_dtype("compute_dtype", compute_dtype)
-    check_dtype("param_dtype", param_dtype)
-    pad = spec.pad_token_id if spec.pad_token_id is not None else spec.eos_token_id
-    return LlamaConfig(
-        batch_size=1, seq_length=seq_length, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
-        num_layers=spec.num_hidden_layers, num_heads=spec.num_attention_heads, n_kv_heads=spec.num_key_value_heads,
-        intermediate_size=spec.intermediate_size, max_position_embedding=spec.max_position_embeddings,
-        rms_norm_eps=spec.rms_norm_eps, theta=spec.rope_theta, tie_word_embeddings=spec.tie_word_embeddings,
-        qkv_has_bias=True, attn_proj_has_bias=False, qkv_concat=False,
-        use_rope_slice=True,  # HF rotate_half (concat(-x2, x1)), not the interleaved swap matrix
-        fused_rms_norm=False, use_flash_attention=False,  # the fused kernels are Ascend-only
-        compute_dtype=compute_dtype, param_init_type=param_dtype, embedding_init_type=param_dtype,
-        # HF Qwen2 normalises and softmaxes in fp32 whatever the weights are; RoPE tables stay fp32 too.
-        layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
-        pad_token_id=0 if pad is None else pad,
-        bos_token_id=0 if spec.bos_token_id is None else spec.bos_token_id,
-        eos_token_id=0 if spec.eos_token_id is None else spec.eos_token_id,
-        use_past=False, is_dynamic=False, checkpoint_name_or_path="")

@@ -85,3 +85,32 @@ def test_deferred_package_imports_on_first_use_and_is_real_afterwards(tmp_path, 
     assert sys.heavy_fake_pkg_loads == 1
     for name in ("user_of_heavy", "heavy_fake_pkg", "heavy_fake_pkg.sub"):
         sys.modules.pop(name, None)
+
+
+def test_config_and_the_parallel_runtime_import_nothing_of_models():
+    """config (the leaf) and the parallel runtime never import mindgrpo.models, not even inside a function, and the
+    parallel runtime imports no MindFormers: a layout check reads config.json and TPLayout only."""
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "mindgrpo"
+    files = [*sorted((package / "config").glob("*.py")), *sorted((package / "parallel").glob("*.py")),
+             package / "hf_config.py"]
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert not name.startswith("mindgrpo.models"), f"{path.name} imports {name}"
+                assert not name.startswith("mindformers"), f"{path.name} imports {name}"
+
+
+def test_checking_a_layout_against_config_json_loads_no_model_code(tiny_model_dir):
+    code = ("import sys\nfrom mindgrpo.config import GRPOConfig\nfrom mindgrpo.config.validate import validate\n"
+            f"c = GRPOConfig(); c.actor_config.load = {str(tiny_model_dir)!r}\n"
+            "c.generate_config.backend = 'vllm'; c.generate_config.parallel_config.model_parallel = 3\n"
+            "try:\n    validate(c, check_paths=False)\nexcept ValueError as err:\n    print('refused' if 'cannot split' in str(err) else err)\n"
+            "print('mindgrpo.models' in sys.modules, 'mindformers' in sys.modules, 'mindspore' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["refused", "False", "False", "False"], done.stdout

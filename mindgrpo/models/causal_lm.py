@@ -24,12 +24,11 @@ from mindspore.common import dtype as mstype
 from mindspore.nn.utils import no_init_parameters
 
 from mindgrpo._lean_import import lean_mindformers_import
-from mindgrpo.hf_config import check_dtype, llama_config, qwen2_spec, read_hf_config
+from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
 from mindgrpo.models.qwen2_blocks import mask_bias
 from mindgrpo.models.qwen2_sharded import Qwen2Shard
-from mindgrpo.parallel.layout import TPLayout
-
 from mindgrpo.models.weights import load_hf_weights
+from mindgrpo.parallel.layout import TPLayout
 
 with lean_mindformers_import():  # without the packages MindFormers loads for features mindgrpo never uses
     from mindformers.models.llama import LlamaForCausalLM
@@ -102,6 +101,30 @@ class Qwen2CausalLM(LlamaForCausalLM):
     def logits(self, hidden: Tensor) -> Tensor:
         """float32 logits for hidden states of any leading shape ``[..., H]`` (tied lm_head = the embedding)."""
         return ops.cast(self.lm_head(hidden), mstype.float32)
+
+
+def llama_config(spec: Qwen2Spec, *, compute_dtype: str, param_dtype: str, seq_length: int):
+    """The MindFormers ``LlamaConfig`` that makes ``LlamaForCausalLM`` compute exactly Qwen2."""
+    from mindformers.models.llama import LlamaConfig  # heavy import, only when a model is built
+
+    check_dtype("compute_dtype", compute_dtype)
+    check_dtype("param_dtype", param_dtype)
+    pad = spec.pad_token_id if spec.pad_token_id is not None else spec.eos_token_id
+    return LlamaConfig(
+        batch_size=1, seq_length=seq_length, vocab_size=spec.vocab_size, hidden_size=spec.hidden_size,
+        num_layers=spec.num_hidden_layers, num_heads=spec.num_attention_heads, n_kv_heads=spec.num_key_value_heads,
+        intermediate_size=spec.intermediate_size, max_position_embedding=spec.max_position_embeddings,
+        rms_norm_eps=spec.rms_norm_eps, theta=spec.rope_theta, tie_word_embeddings=spec.tie_word_embeddings,
+        qkv_has_bias=True, attn_proj_has_bias=False, qkv_concat=False,
+        use_rope_slice=True,  # HF rotate_half (concat(-x2, x1)), not the interleaved swap matrix
+        fused_rms_norm=False, use_flash_attention=False,  # the fused kernels are Ascend-only
+        compute_dtype=compute_dtype, param_init_type=param_dtype, embedding_init_type=param_dtype,
+        # HF Qwen2 normalises and softmaxes in fp32 whatever the weights are; RoPE tables stay fp32 too.
+        layernorm_compute_type="float32", softmax_compute_type="float32", rotary_dtype="float32",
+        pad_token_id=0 if pad is None else pad,
+        bos_token_id=0 if spec.bos_token_id is None else spec.bos_token_id,
+        eos_token_id=0 if spec.eos_token_id is None else spec.eos_token_id,
+        use_past=False, is_dynamic=False, checkpoint_name_or_path="")
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",

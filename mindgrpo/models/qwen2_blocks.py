@@ -29,8 +29,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.parallel.layers import TPComm, embed_lookup
+from mindgrpo.parallel.layout import TPLayout
 
 # Added to the scores of masked keys. Finite on purpose: a query with no visible key (a left-pad row) then gets
 # finite garbage instead of NaN, and NaN in a pad row would reach real rows through 0 * NaN in the value product.

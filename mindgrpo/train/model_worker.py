@@ -27,15 +27,15 @@ from mindspore import Tensor, nn
 
 from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
+from mindgrpo.hf_config import VL_MODEL_TYPES
 from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
 from mindgrpo.models.export import export_hf_arrays
-from mindgrpo.hf_config import VL_MODEL_TYPES
-from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
+from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
+from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
 from mindgrpo.train import checkpoint as ckpt
-from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
 from mindgrpo.train.packing import MicroBatch, micro_batches

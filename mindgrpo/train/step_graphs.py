@@ -22,9 +22,9 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
 from mindgrpo.models import PackedPromptForward, SharedPromptForward
-from mindgrpo.parallel.layout import TPLayout
-from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.groups import DistInfo
+from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
+from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.optim import AdamW, clip_to_norm, parameter_runs, squared_norm
 
 

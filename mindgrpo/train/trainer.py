@@ -46,16 +46,16 @@ from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 
-from mindgrpo.train import checkpoint as ckpt
-from mindgrpo.train import peers
 from mindgrpo.config import Derived, GRPOConfig, dump_yaml
 from mindgrpo.data import PromptBatch
 from mindgrpo.parallel.groups import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
-from mindgrpo.train.metrics import MetricsLogger, throughput_tps
-from mindgrpo.train.preflight import preflight
 from mindgrpo.rewards.overlong import OverlongPenalty
 from mindgrpo.rewards.scorer import VerifierError
+from mindgrpo.train import checkpoint as ckpt
+from mindgrpo.train import peers
 from mindgrpo.train.generation import Generation, Round, kept_groups, zero_std_groups
+from mindgrpo.train.metrics import MetricsLogger, throughput_tps
+from mindgrpo.train.preflight import preflight
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
 
