@@ -5,11 +5,17 @@ import sys
 import pytest
 
 
+def run_python(code: str, *, timeout: int = 300, cwd=None) -> subprocess.CompletedProcess:
+    """``code`` in a fresh interpreter (imports measured from nothing); it must exit 0."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 def test_import_is_quiet_and_writes_nothing_to_cwd(tmp_path, tiny_model_dir):
     code = ("import mindgrpo\nfrom mindgrpo.models import build_model\n"
             f"model = build_model({str(tiny_model_dir)!r}, role='reference')\nprint('built')\n")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(code, cwd=tmp_path)
     assert done.stdout.strip() == "built", done.stdout
     assert "WARNING" not in done.stderr, done.stderr[-2000:]
     assert list(tmp_path.iterdir()) == []
@@ -17,7 +23,7 @@ def test_import_is_quiet_and_writes_nothing_to_cwd(tmp_path, tiny_model_dir):
 
 def test_import_does_not_load_mindspore():
     code = "import sys, mindgrpo, mindgrpo.config, mindgrpo.rewards; print('mindspore' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    done = run_python(code, timeout=120)
     assert done.stdout.strip() == "False", done.stdout + done.stderr
 
 
@@ -28,8 +34,7 @@ def test_reading_a_model_config_loads_no_mindformers(tiny_model_dir):
             f"spec = qwen2_spec(read_hf_config({str(tiny_model_dir)!r}))\n"
             "print(spec.num_hidden_layers > 0, 'mindformers' in sys.modules)\n"
             "from mindgrpo.models import build_model\nprint('mindformers' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(code)
     assert done.stdout.split() == ["True", "False", "True"], done.stdout
 
 
@@ -40,8 +45,7 @@ def test_mindformers_is_imported_without_torch_and_torch_stays_usable():
             "print('torch' in sys.modules, 'mindformers' in sys.modules)\n"
             "import torch, tensorboardX.writer\nfrom transformers.utils import is_torch_available\n"
             "print(float(torch.ones(2).sum()), is_torch_available(), tensorboardX.writer.numpy_compatible.__name__)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(code)
     assert done.stdout.split() == ["False", "True", "2.0", "True", "ndarray"], done.stdout
 
 
@@ -55,8 +59,7 @@ def test_packages_mindformers_loads_for_unused_features_are_deferred_until_used(
             "import datasets, datasets.distributed, nltk\n"
             "print(loader.datasets.Dataset is datasets.Dataset, nltk.translate.bleu_score.__name__)\n"
             "print(loader.split_dataset_by_node.__code__ is datasets.distributed.split_dataset_by_node.__code__)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(code)
     assert done.stdout.splitlines() == ["[]", "1.0", "True nltk.translate.bleu_score", "True"], done.stdout
 
 
@@ -109,8 +112,8 @@ def test_checking_a_layout_against_config_json_loads_no_model_code(tiny_model_di
     code = ("import sys\nfrom mindgrpo.config import GRPOConfig\nfrom mindgrpo.config.validate import validate\n"
             f"c = GRPOConfig(); c.actor_config.load = {str(tiny_model_dir)!r}\n"
             "c.generate_config.backend = 'vllm'; c.generate_config.parallel_config.model_parallel = 3\n"
-            "try:\n    validate(c, check_paths=False)\nexcept ValueError as err:\n    print('refused' if 'cannot split' in str(err) else err)\n"
+            "try:\n    validate(c, check_paths=False)\n"
+            "except ValueError as err:\n    print('refused' if 'cannot split' in str(err) else err)\n"
             "print('mindgrpo.models' in sys.modules, 'mindformers' in sys.modules, 'mindspore' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = run_python(code, timeout=120)
     assert done.stdout.split() == ["refused", "False", "False", "False"], done.stdout

@@ -1,6 +1,9 @@
 """Mixed precision (``actor_config.param_dtype: bfloat16``): bf16 working weights, fp32 master weights and moments
 in the optimizer only, against torch running the same recipe (fp32 master AdamW, its weights cast to bf16), in
 PyNative and GRAPH."""
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -11,6 +14,9 @@ from mindgrpo.config import OptimizerConfig
 from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.train.optim import AdamW
 from mindgrpo.train.step_graphs import ApplyGradients, ReduceAndClip, gradient_buffers
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import small_run_config  # noqa: E402
 
 SHAPES = [(6, 5), (5,), (3, 6)]
 
@@ -85,11 +91,6 @@ def test_bf16_grpo_step_exports_bf16_and_resumes_exactly(tmp_path, demo_plain, d
     """A GRPO step with bf16 weights (rollout over them, the reference model, the update through the fp32 masters),
     its checkpoint written in bf16 (which transformers loads), then a second trainer resuming from it with the
     exact bf16 weights, fp32 masters, moments and step."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import small_run_config  # noqa: PLC0415
     from mindgrpo.train.trainer import GRPOTrainer
 
     def config(**rl):

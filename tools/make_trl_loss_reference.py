@@ -23,7 +23,8 @@ old log-probs, on a trainer flagged ``use_vllm`` after it was built (vLLM itself
 batch, with the fixed advantages put in, goes to ``_compute_loss``.
 
 Each case's settings are stored as JSON under ``case/<name>/settings`` in mindgrpo's names
-(``mindgrpo.algorithm.LossConfig`` fields over ``LossConfig.trl()``'s defaults, plus ``on_policy``), so the test reads them from the file.
+(``mindgrpo.algorithm.LossConfig`` fields over ``LossConfig.trl()``'s defaults, plus ``on_policy``), so the test
+reads them from the file.
 """
 from __future__ import annotations
 

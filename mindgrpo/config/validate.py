@@ -128,7 +128,7 @@ def _range_problems(config: GRPOConfig) -> List[str]:
     if actor.param_dtype == "float32" and actor.grad_reduce_dtype != "float32":
         problems.append(f"actor_config.grad_reduce_dtype = {actor.grad_reduce_dtype!r} with param_dtype 'float32': "
                         "float32 weights get float32 gradients; set grad_reduce_dtype: float32")
-    if rl.entropy_coef > 0 and config.actor_config.parallel_config.model_parallel > 1:
+    if rl.entropy_coef > 0 and actor.parallel_config.model_parallel > 1:
         problems.append(f"rl_config.entropy_coef = {rl.entropy_coef} with actor_config.parallel_config."
                         "model_parallel > 1: the vocabulary-parallel entropy has no gradient; set entropy_coef: 0")
     if sampling.temperature <= 0:

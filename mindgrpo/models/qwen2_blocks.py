@@ -290,20 +290,9 @@ class Qwen2Blocks(nn.Cell):
             table = ops.cast(table, self.dtype)
         return table, table
 
-    def _embed_t(self, tokens, table=None):
-        """Embeddings of tokens [rows], feature-major [hidden, rows]."""
-        return self._embedding(tokens, table).T
-
-    def _embedding(self, tokens, table=None):
-        """Embedding rows [rows, hidden] in the compute dtype (the table cast before the lookup where the device
-        cannot gather its dtype, see ``Qwen2Weights.table_dtype``; else the rows after it). ``table``: the
-        embedding Parameter as already read (:meth:`_table_and_head`), or None to read it."""
-        if table is None:
-            table = self.weights[0]
-        if self.cast_table and table.dtype != self.dtype:
-            table = ops.cast(table, self.dtype)
-        h = embed_lookup(self.comm, table, tokens, self.vocab_start)
-        return ops.cast(h, self.dtype) if h.dtype != self.dtype else h
+    def _embed_t(self, tokens, table):
+        """Embeddings of tokens [rows], feature-major [hidden, rows] (``table``: see :meth:`_embed_rows`)."""
+        return self._embed_rows(tokens, table).T
 
     def _f32(self, x):
         return ops.cast(x, ms.float32) if self.low_precision else x
@@ -352,7 +341,7 @@ class Qwen2Blocks(nn.Cell):
         return hT + self.comm.reduce_no_grad(
             ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x)))
 
-    def _logits_t(self, hT, head=None):
+    def _logits_t(self, hT, head):
         """float32 logits over the whole vocabulary, feature-major [vocab, rows], of feature-major final hidden
         states hT [hidden, rows] (gathered over tensor-parallel ranks: the sampler needs every column; only the
         rows being decoded, never [tokens, vocab]). The caller transposes on the host: on CPU MindSpore's
@@ -360,10 +349,8 @@ class Qwen2Blocks(nn.Cell):
         x = self._rms_norm_t(hT, self._param(1))
         return self.comm.gather_slots(self._f32(ops.matmul(self._head(head), x)), 0)
 
-    def _head(self, head=None):
-        """The lm_head weight in the compute dtype; ``head``: as already read (:meth:`_table_and_head`)."""
-        if head is None:
-            return self._param(self.lm_head)
+    def _head(self, head):
+        """The lm_head weight as :meth:`_table_and_head` read it, in the compute dtype."""
         return ops.cast(head, self.dtype) if head.dtype != self.dtype else head
 
     def _attend(self, q, k, v, bias):
@@ -378,8 +365,14 @@ class Qwen2Blocks(nn.Cell):
     # transposed operands, expand broadcast operands with ``Tile`` (index-free) and run attention one KV head at a
     # time on column slices, so they need no such table. (The decode graph keeps the feature-major blocks above:
     # its tensors are a few rows, and it is bound by kernel launches, which Tile would add.)
-    def _embed_rows(self, tokens, table=None):
-        return self._embedding(tokens, table)
+    def _embed_rows(self, tokens, table):
+        """Embedding rows [rows, hidden] in the compute dtype, from the table as :meth:`_table_and_head` read it (cast
+        before the lookup where the device cannot gather its dtype, see ``Qwen2Weights.table_dtype``; else the rows
+        after it)."""
+        if self.cast_table and table.dtype != self.dtype:
+            table = ops.cast(table, self.dtype)
+        h = embed_lookup(self.comm, table, tokens, self.vocab_start)
+        return ops.cast(h, self.dtype) if h.dtype != self.dtype else h
 
     def _rope_rows(self, positions):
         """cos/sin [rows, heads + kv_heads, head_dim] for flat positions, shared by every layer."""
@@ -445,7 +438,7 @@ class Qwen2Blocks(nn.Cell):
         return x + self.comm.reduce(self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h),
                                                   self._w(layer, self.f_w2)))
 
-    def _logits_rows(self, x, head=None):
+    def _logits_rows(self, x, head):
         """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
         parallelism each rank projects onto its own vocabulary slice (see mindgrpo.parallel.layers)."""
         return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._head(head)))

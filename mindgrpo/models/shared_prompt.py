@@ -50,7 +50,7 @@ class PromptBlocks(Qwen2Blocks):
     as transformers' ``generate`` decodes).
     """
 
-    def _vl_prompt_rows(self, prompt_ids, prompt_positions, image_features, image_rows, table=None):
+    def _vl_prompt_rows(self, prompt_ids, prompt_positions, image_features, image_rows, table):
         """Embeddings ``[S * P, hidden]`` and cos/sin of the prompts' rows: ``prompt_positions`` int32
         ``[3, S, P]``; ``image_features [N, hidden]`` with ``image_rows`` int32 ``[S * P]`` from
         :func:`~mindgrpo.models.image_tokens.image_source_rows` over ``prompt_ids`` (both None: no image)."""
