@@ -64,8 +64,9 @@ def _state(trainer) -> dict:
 def test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume(tmp_path, demo_plain, demo_prompts):
     """A GRPO step (rollout, update) with bf16 weights and its checkpoint; then a new trainer resumes from it with
     every weight, moment, fp32 master, the step and the data position exactly as the first left them. No reference
-    model (beta 0): its forward is the actor's code, run here by the update; the 2 x 2 twin runs the reference at
-    this depth, in float32 (so the skinny 7B trains in both dtypes)."""
+    model (beta 0): its forward is the actor's code, run here by the update; the tensor-parallel twin
+    (tests/test_tensor_parallel.py) runs the reference at this depth, in float32 (so the skinny 7B trains in both
+    dtypes)."""
     from mindgrpo.train.trainer import GRPOTrainer
 
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo_plain.model_dir, **QWEN2_5_7B)
