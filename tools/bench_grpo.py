@@ -97,29 +97,31 @@ def target(size: str, new_tokens: int, mix: str) -> float:
 # ----------------------------------------------------------------------------------------------- mindgrpo run
 def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
                  micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused",
-                 new_tokens: int = NEW_TOKENS, packed_rows: int = PACKED_ROWS):
-    """The peer's settings as a mindgrpo config."""
+                 new_tokens: int = NEW_TOKENS, packed_rows: int = PACKED_ROWS, prompts: int = PROMPTS,
+                 param_dtype: str = "float32"):
+    """The peer's settings as a mindgrpo config (`param_dtype`: the actor's weights, see actor_config.param_dtype)."""
     from mindgrpo.config import GRPOConfig, validate
 
     config = GRPOConfig()
     rl = config.rl_config
     rl.dataset_file, rl.tokenizer_dir, rl.output_dir = str(dataset), str(model_dir), str(out_dir)
     rl.mode, rl.max_steps, rl.seed = "graph", steps, 0
-    rl.batch_size, rl.num_generations, rl.num_iterations = PROMPTS, GENERATIONS, 1
+    rl.batch_size, rl.num_generations, rl.num_iterations = prompts, GENERATIONS, 1
     rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + new_tokens
     rl.beta, rl.loss_type, rl.kl_estimator, rl.scale_rewards = 0.04, "dapo", "k3", "group"
     rl.share_prompt, rl.prompt_bucket = share_prompt, prompt_bucket
     rl.save_ckpt_interval, rl.save_prompt_completions_data = 0, False
     actor = config.actor_config
     actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", micro_batch
+    actor.param_dtype = param_dtype
     rows = min(packed_rows, max(1, PACKED_TOKENS // new_tokens))
     actor.max_tokens_per_micro_batch = rows * new_tokens if share_prompt else 0  # packing needs the shared prompt
     actor.optimizer.weight_decay, actor.optimizer.max_grad_norm = 0.0, 1.0  # TRL's AdamW defaults
     actor.lr_schedule.type, actor.lr_schedule.learning_rate = "linear", 1e-5  # TRL: linear decay from 1e-5
     actor.lr_schedule.warmup_steps = 0
-    config.ref_config.ref_model_batch_size = PROMPTS * GENERATIONS  # no backward: its activations fit the pool
+    config.ref_config.ref_model_batch_size = prompts * GENERATIONS  # no backward: its activations fit the pool
     gen = config.generate_config
-    gen.backend, gen.infer_model_batch_size = "native", PROMPTS * GENERATIONS
+    gen.backend, gen.infer_model_batch_size = "native", prompts * GENERATIONS
     gen.decode_impl = decode_impl
     s = gen.sampling_config
     s.temperature, s.top_p, s.top_k, s.max_tokens = 1.0, 1.0, -1, new_tokens
@@ -188,7 +190,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     dataset = convert_prompts(Path(args.prompts), model_dir, work / f"prompts_{model_dir.name}.mindrecord")
     config = bench_config(model_dir, dataset, work / f"run_{size}",
                           args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
-                          args.decode_impl, args.max_new_tokens, args.packed_rows)
+                          args.decode_impl, args.max_new_tokens, args.packed_rows, args.prompts_per_step,
+                          args.param_dtype)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -217,10 +220,10 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     return {
         "framework": "mindgrpo", "size": size, "model": model_dir.name, "max_new_tokens": args.max_new_tokens,
         "length_mix": args.length_mix, "share_prompt": not args.no_share_prompt,
-        "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl,
+        "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl, "param_dtype": args.param_dtype,
         "micro_batch": args.micro_batch, "max_tokens_per_micro_batch": config.actor_config.max_tokens_per_micro_batch,
         "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
-        "batch": PROMPTS * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
+        "batch": args.prompts_per_step * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
         "sec_per_step": round(statistics.median(s["seconds"] for s in counted), 4),
         "tokens_per_sec": round(statistics.median(s["tokens"] / s["seconds"] for s in counted), 1),
         "mean_tokens_per_step": statistics.mean(s["tokens"] for s in counted),
@@ -295,7 +298,8 @@ def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work
                 "--prompts", str(assets.prompts), "--prompts-source", assets.source,
                 "--steps", str(args.steps), "--warmup", str(args.warmup), "--max-new-tokens", str(new_tokens),
                 "--length-mix", mix, "--micro-batch", str(args.micro_batch), "--prompt-bucket",
-                str(args.prompt_bucket), "--decode-impl", args.decode_impl, "--packed-rows", str(args.packed_rows)]
+                str(args.prompt_bucket), "--decode-impl", args.decode_impl, "--packed-rows", str(args.packed_rows),
+                "--prompts-per-step", str(args.prompts_per_step), "--param-dtype", args.param_dtype]
     ours_cmd += (["--threads", str(args.threads)] if args.threads else [])
     ours_cmd += (["--no-share-prompt"] if args.no_share_prompt else [])
     peer_cmd = None
@@ -303,7 +307,8 @@ def compare(size: str, new_tokens: int, mix: str, args: argparse.Namespace, work
         peer_cmd = [args.vs_trl, str(Path(__file__).with_name("trl_peer.py")), "--model", str(model_dir),
                     "--prompts", str(peer_prompts(assets.prompts, work / f"peer_{assets.root.name}.jsonl")),
                     "--max-completion-length", str(new_tokens), "--steps", str(args.steps),
-                    "--warmup", str(args.warmup)] + (["--threads", str(args.threads)] if args.threads else [])
+                    "--warmup", str(args.warmup), "--prompts-per-step", str(args.prompts_per_step)]
+        peer_cmd += (["--threads", str(args.threads)] if args.threads else [])
     runs: Dict[str, List[Dict]] = {"mindgrpo": [], "trl": []}
     for turn in range(args.repeats if peer_cmd else 1):
         order = [("mindgrpo", ours_cmd)] + ([("trl", peer_cmd)] if peer_cmd else [])
@@ -363,6 +368,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-bucket", type=int, default=PROMPT_BUCKET, help="rl_config.prompt_bucket")
     parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
                         help="generate_config.decode_impl (the rollout's decode-step kernels)")
+    parser.add_argument("--prompts-per-step", type=int, default=PROMPTS,
+                        help=f"prompts per optimizer step, {GENERATIONS} completions each (default %(default)s)")
+    parser.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="mindgrpo's actor weights (actor_config.param_dtype); TRL runs float32")
 
 
 def check_inputs(vs_trl: Optional[str]) -> bool:
@@ -390,7 +399,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per run (default 10)")
     parser.add_argument("--warmup", type=int, default=2, help="leading steps excluded from the statistics")
     add_run_options(parser)
-    parser.add_argument("--worker", choices=["tiny", "small"], help=argparse.SUPPRESS)
+    parser.add_argument("--worker", metavar="LABEL", help=argparse.SUPPRESS)  # the size named in the results
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--work-dir", help=argparse.SUPPRESS)
     parser.add_argument("--prompts", help=argparse.SUPPRESS)
