@@ -260,11 +260,3 @@ def test_fused_cpu_kv_store_is_transient_and_the_plain_cache_resident(model_7b):
     assert ascend["total"] - ascend["kv_cache"] == sum(
         ascend[k] for k in ("weights", "gradients", "optimizer", "reference", "runtime")) + max(
         ascend["activations_recompute"], ascend["update"])
-
-
-def test_the_logit_chunk_is_the_ops():
-    """The planner counts the vocabulary projection's chunk as mindgrpo.models.head_logprobs makes it."""
-    from mindgrpo.apps.plan import LOGIT_CHUNK_BYTES
-    from mindgrpo.models.head_logprobs import CHUNK_BYTES
-
-    assert LOGIT_CHUNK_BYTES == CHUNK_BYTES

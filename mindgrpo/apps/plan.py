@@ -79,12 +79,8 @@ CPU_RUNTIME_MIB = {"build": 86,         # ModelWorker(...): the rollout engine's
                    "drop": 96}          # precompile's host-side zeroing of the accumulators (one gradient copy)
 RUNTIME_BYTES = {"ascend": 0, "cpu": sum(CPU_RUNTIME_MIB.values()) * 2**20}  # ascend: + HCCL, see runtime_bytes
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-# The vocabulary projection runs a chunk of rows at a time (mindgrpo.models.head_logprobs.HeadLogProbs): float32
-# [chunk, vocab/tp] tensors, chunk = LOGIT_CHUNK_BYTES / (4 vocab/tp) rows (all of them when fewer).
-LOGIT_CHUNK_BYTES = 64 << 20  # = head_logprobs.CHUNK_BYTES (tests/test_plan.py holds them equal)
-LOGIT_COPIES_TRAIN = 6  # the backward's chunk: logits, log-softmax, probabilities, one-hot, their gradient, a tile
-LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, the entropy's product
-HEAD_GRADIENT_COPIES = 2  # the lm_head's gradient summed over chunks: the sum and one chunk's part [vocab/tp, H]
+LOGIT_COPIES_TRAIN = 4  # float32 [tokens, vocab/tp]: logits, log-softmax, softmax (entropy), their gradient
+LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
 # float32 attention-score tensors a layer holds at once (Qwen2Blocks / SharedPromptForward): the concatenated
 # prompt|own scores, the scaled and biased softmax input, the softmax output, and its prompt and own slices that
 # feed the two context products. Measured on CPU (small, TP=1): the training micro-batch's RSS grew 486 MiB per 8
@@ -242,9 +238,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                                           input, output, its slices) + a compute-dtype copy (none in float32)
               + 4 N (I/tp) c              SwiGLU: gate, silu(gate), up, their product
         masks  = 4 S / kv                 float32 additive biases, shared by the layers and KV heads
-        logits = 6 x 4 r (V/tp)           float32, one chunk of r = min(m T, LOGIT_CHUNK_BYTES / (4 V/tp)) rows
-                 + 2 (V/tp) H c           at a time (the backward's logits, log-softmax, probabilities, one-hot,
-                                          gradient, a tile; the lm_head gradient's sum and one chunk's part)
+        logits = 4 x 4 m T (V/tp)         float32 over completion positions only: logits, log-softmax,
+                                          softmax (entropy) and the logits' gradient
 
         without recompute:  L layer + 2 N H c (embedding, final norm) + masks + logits
         with recompute:     L N H c (each layer's input) + layer (the one being recomputed) + masks + logits
@@ -252,7 +247,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                             the next layer's input, is all it keeps; the backward rebuilds one layer at a time)
         not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
                             layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
-        scoring (no grad):  layer + 2 N H c + masks + 3 x 4 r (V/tp), at m = scoring_batch_size
+        scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
     """
     hf = hf_config
     layout = tp_layout(hf, model_parallel)
@@ -266,12 +261,10 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                                                  completion_len, share_prompt, prompts_per_forward)
         layer = (4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 * SCORE_COPIES + (c if c != 4 else 0))
                  + 4 * n * inter * c)
-        chunk = min(completion_tokens, max(1, LOGIT_CHUNK_BYTES // (4 * vocab)))
-        shared = 4 * s // kv + logit_copies * 4 * chunk * vocab
+        shared = 4 * s // kv + logit_copies * 4 * completion_tokens * vocab
         return n, layer, shared
 
     n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN)
-    shared += HEAD_GRADIENT_COPIES * vocab * hidden * c
     train = (layers * n * hidden * c + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
     if scoring_batch_size < 1:
         return train

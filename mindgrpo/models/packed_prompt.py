@@ -28,8 +28,7 @@ from mindgrpo.models.shared_prompt import PromptBlocks
 
 class PackedPromptForward(PromptBlocks):
     """``(prompt_ids [S, P], prompt_mask [S, P], completion_ids [R, W], positions [R, W], segments [R, W],
-    row_prompt [R], source [R * W])`` -> logits ``[R, W, V]`` (see :class:`mindgrpo.train.packing.MicroBatch`;
-    :meth:`final_rows`: what they are projected from).
+    row_prompt [R], source [R * W])`` -> logits ``[R, W, V]`` (see :class:`mindgrpo.train.packing.MicroBatch`).
 
     A row's unused tail (segment 0) attends to itself and is scored like any token; its log-probs are never read.
 
@@ -51,14 +50,7 @@ class PackedPromptForward(PromptBlocks):
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
                   prompt_positions=None, image_features=None, image_rows=None):
-        rows, head = self.final_rows(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt,
-                                     source, prompt_positions, image_features, image_rows)
-        return self._f32(self.matmul_t(rows, head)).reshape(completion_ids.shape + (-1,))
-
-    def final_rows(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
-                   prompt_positions=None, image_features=None, image_rows=None):
-        """The final-normed hidden states predicting each token of the packed rows, ``[R * W, hidden]``, and the
-        lm_head ``[V of this rank, hidden]``, in the compute dtype (see the shared forward's)."""
+        r, w = completion_ids.shape
         table, head = self._table_and_head()
         valid = ops.cast(prompt_mask, ms.int32)
         if prompt_positions is None:
@@ -74,7 +66,7 @@ class PackedPromptForward(PromptBlocks):
         bias_completion = self._packed_bias(valid, segments, row_prompt)
         for layer in self.layers:
             x = layer(x, cos, sin, bias_prompt, bias_completion, row_prompt)
-        return self._final_rows(ops.gather(x, source, 0)), self._head(head)
+        return self._logits_rows(ops.gather(x, source, 0), head).reshape((r, w, -1))
 
     def _packed_bias(self, valid, segments, row_prompt):
         """Additive float32 bias [R, W * groups, P + W] for completion queries (built once, shared by every layer and

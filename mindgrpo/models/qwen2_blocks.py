@@ -438,15 +438,10 @@ class Qwen2Blocks(nn.Cell):
         return x + self.comm.reduce(self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h),
                                                   self._w(layer, self.f_w2)))
 
-    def _final_rows(self, x):
-        """The final RMSNorm of hidden states x [rows, hidden], as the vocabulary projection reads them: entered
-        into the tensor-parallel region (each rank projects onto its own vocabulary slice, see
-        mindgrpo.parallel.layers)."""
-        return self.comm.enter(self._rms_norm_rows(x, self._param(1)))
-
     def _logits_rows(self, x, head):
-        """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]."""
-        return self._f32(self.matmul_t(self._final_rows(x), self._head(head)))
+        """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
+        parallelism each rank projects onto its own vocabulary slice (see mindgrpo.parallel.layers)."""
+        return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._head(head)))
 
     def _scores_softmax(self, scores, bias):
         return self._compute(self.softmax(self._f32(scores) * self.scale + bias))

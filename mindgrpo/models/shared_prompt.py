@@ -63,8 +63,7 @@ class PromptBlocks(Qwen2Blocks):
 
 
 class SharedPromptForward(PromptBlocks):
-    """``(prompt_ids [NG, P], prompt_mask [NG, P], completion_ids [NG * G, T])`` -> logits ``[NG * G, T, V]``
-    (:meth:`final_rows`: what they are projected from).
+    """``(prompt_ids [NG, P], prompt_mask [NG, P], completion_ids [NG * G, T])`` -> logits ``[NG * G, T, V]``.
 
     ``prompt_mask`` is 1 on real prompt tokens (prompts left-padded); completion ``i`` belongs to prompt
     ``i // G``. Completion padding after EOS needs no mask: a completion's pads are seen only by its own later
@@ -90,15 +89,6 @@ class SharedPromptForward(PromptBlocks):
 
     def construct(self, prompt_ids, prompt_mask, completion_ids, prompt_positions=None, rope_deltas=None,
                   image_features=None, image_rows=None):
-        rows, head = self.final_rows(prompt_ids, prompt_mask, completion_ids, prompt_positions, rope_deltas,
-                                     image_features, image_rows)
-        return self._f32(self.matmul_t(rows, head)).reshape(completion_ids.shape + (-1,))
-
-    def final_rows(self, prompt_ids, prompt_mask, completion_ids, prompt_positions=None, rope_deltas=None,
-                   image_features=None, image_rows=None):
-        """The inputs of the vocabulary projection: the final-normed hidden states predicting each completion
-        token, ``[NG * G * T, hidden]`` (completion-major), and the lm_head ``[V of this rank, hidden]``, both in
-        the compute dtype (:class:`~mindgrpo.models.head_logprobs.HeadLogProbs` projects them chunk by chunk)."""
         ng, p = prompt_ids.shape
         n, t = completion_ids.shape
         g = self.num_generations
@@ -128,7 +118,7 @@ class SharedPromptForward(PromptBlocks):
         last_prompt = ops.tile(x[:split].reshape((ng, 1, p, hidden))[:, :, p - 1:], (1, g, 1, 1))  # [NG, G, 1, H]
         completion = x[split:].reshape((ng, g, t, hidden))[:, :, :t - 1]
         predict = ops.concat((last_prompt, completion), 2).reshape((n * t, hidden))
-        return self._final_rows(predict), self._head(head)
+        return self._logits_rows(predict, head).reshape((n, t, -1))
 
     def _completion_bias(self, valid, p: int, t: int):
         """Additive float32 bias [NG * G, T * groups, P + T] for completion queries (built once, shared by every layer

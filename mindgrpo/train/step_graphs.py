@@ -4,8 +4,8 @@
 compiles once per input shape in GRAPH mode.
 
 * ``completion_forward`` picks the forward over ``[prompt | completion]`` rows (shared prompt, unshared or packed),
-  which computes hidden states only where completion tokens are predicted; ``CompletionLogProbs`` turns them into
-  per-token log-probs and entropies, projecting to the vocabulary (Qwen2.5's: 151,936) a chunk of rows at a time;
+  which projects only the completion positions to the vocabulary (logits are the largest tensor: Qwen2.5's
+  vocabulary is 151,936); ``CompletionLogProbs`` turns its logits into per-token log-probs and entropies;
 * ``GRPOLossCell``: log-probs, then :func:`mindgrpo.algorithm.grpo_loss` (fused kernel or plain ops); with
   ``actor_config.max_tokens_per_micro_batch`` the forwards take packed rows instead (``PackedLossCell``,
   :mod:`mindgrpo.train.packing`);
@@ -22,9 +22,8 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
 from mindgrpo.models import PackedPromptForward, SharedPromptForward
-from mindgrpo.models.head_logprobs import HeadLogProbs
-from mindgrpo.models.shared_prompt import PromptBlocks
 from mindgrpo.parallel.groups import DistInfo
+from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.optim import AdamW, clip_to_norm, parameter_runs, squared_norm
 
@@ -44,37 +43,40 @@ class UnsharedForward(nn.Cell):
 
 
 class CompletionLogProbs(nn.Cell):
-    """Per-token log-probs and entropies of the completions under a forward over ``[prompt | completion]`` rows:
-    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group) or
-    :class:`~mindgrpo.models.PackedPromptForward` (packed rows), whose final hidden states are projected to the
-    vocabulary chunk by chunk (:class:`~mindgrpo.models.head_logprobs.HeadLogProbs`: no ``[tokens, vocab]``
-    tensor, forward or backward, at any tensor-parallel degree), or :class:`UnsharedForward` (MindFormers' model,
-    one rank), whose logits it is given. The forward's third input holds the tokens.
+    """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
+    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group), :class:`UnsharedForward` or
+    :class:`~mindgrpo.models.PackedPromptForward` (packed rows). The forward's third input holds the tokens.
 
-    ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism
-    (the config refuses ``entropy_coef`` there)."""
+    Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
+    the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.parallel.layers`), so
+    no rank ever holds [tokens, vocab].
+
+    ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,
+    whose entropy is a metric only (the config refuses ``entropy_coef`` there)."""
 
     def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
-        self.chunked = isinstance(forward, PromptBlocks)
-        if self.chunked:
-            if entropy_gradient and forward.comm.size > 1:
-                raise ValueError("the entropy bonus (rl_config.entropy_coef > 0) is not available with tensor "
-                                 "parallelism")
-            self.head = HeadLogProbs(forward.comm, forward.vocab_start, temperature,
-                                     entropy_gradient=entropy_gradient)
+        comm = getattr(forward, "comm", None)
+        self.tensor_parallel = comm is not None and comm.size > 1
+        self.vocab_start = getattr(forward, "vocab_start", 0)
+        if entropy_gradient and self.tensor_parallel:
+            raise ValueError("the entropy bonus (rl_config.entropy_coef > 0) is not available with tensor "
+                             "parallelism: the vocabulary-parallel entropy has no gradient")
         self.entropy_gradient = entropy_gradient
 
     def construct(self, *inputs):
-        completion_ids = inputs[2]
-        if self.chunked:
-            rows, head = self.forward.final_rows(*inputs)
-            logp, entropy, _ = self.head(rows, head, completion_ids.reshape((-1,)).astype(ms.int32))
-            return logp.reshape(completion_ids.shape), entropy.reshape(completion_ids.shape)
         logits = self.forward(*inputs)
-        return (token_logprobs(logits, completion_ids, self.temperature),
-                token_entropy(logits, self.temperature, keep_gradient=self.entropy_gradient))
+        completion_ids = inputs[2]
+        if not self.tensor_parallel:
+            return (token_logprobs(logits, completion_ids, self.temperature),
+                    token_entropy(logits, self.temperature, keep_gradient=self.entropy_gradient))
+        rows = logits.reshape((-1, logits.shape[-1]))
+        if self.temperature != 1.0:
+            rows = rows * (1.0 / self.temperature)
+        comm, ids = self.forward.comm, completion_ids.reshape((-1,)).astype(ms.int32)
+        return (parallel_token_logprobs(comm, rows, ids, self.vocab_start).reshape(completion_ids.shape),
+                parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
 
 
 def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = False) -> nn.Cell:
