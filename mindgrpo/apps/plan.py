@@ -303,7 +303,7 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     sampling = gen.sampling_config
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
                               optimizer_shard=actor.parallel_config.optimizer_shard,
-                              reference_dtype=config.ref_config.compute_dtype if rl.beta > 0 else None,
+                              reference_dtype=Derived(config).reference_dtype,
                               param_dtype=actor.param_dtype, grad_dtype=actor.grad_reduce_dtype)
     packed_rows = Derived(config).packed_rows  # per forward of both passes; 0: padded
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
@@ -412,7 +412,7 @@ def _settings(config) -> dict:
             "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch, "recompute": actor.recompute,
             "share_prompt": rl.share_prompt, "max_prompt_length": rl.max_prompt_length,
             "max_tokens": gen.sampling_config.max_tokens, "compute_dtype": actor.compute_dtype,
-            "reference_dtype": config.ref_config.compute_dtype if rl.beta > 0 else None,
+            "reference_dtype": Derived(config).reference_dtype,
             "ref_model_batch_size": config.ref_config.ref_model_batch_size,
             "optimizer_shard": actor.parallel_config.optimizer_shard,
             "backend": gen.backend, "infer_model_batch_size": gen.infer_model_batch_size,

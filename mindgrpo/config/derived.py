@@ -6,7 +6,7 @@ failed validation, and only a value that needs a bad key fails.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Tuple
+from typing import TYPE_CHECKING, Optional, Tuple
 
 if TYPE_CHECKING:
     from mindgrpo.config.schema import GRPOConfig
@@ -42,6 +42,18 @@ class Derived:
         (the native rollout engine's prompt-length buckets and the reference and training graphs' widths)."""
         step, cap = self.config.rl_config.prompt_bucket, self.config.rl_config.max_prompt_length
         return tuple(sorted({min(cap, width) for width in range(step, cap + step, step)}))
+
+    @property
+    def reference_dtype(self) -> Optional[str]:
+        """The dtype the reference model's weights are stored in; None without one (``beta`` 0). The reference is
+        the actor's starting point: with bf16 actor weights (``actor_config.param_dtype``) it is stored in bf16 too,
+        so it is exactly the actor's first weights (step 1's KL is 0, not the rounding of a float32 copy) at half
+        the bytes; otherwise in its compute dtype (``ref_config.compute_dtype``)."""
+        if self.config.rl_config.beta <= 0:
+            return None
+        if self.config.actor_config.param_dtype == "bfloat16":
+            return "bfloat16"
+        return self.config.ref_config.compute_dtype
 
     def prompt_width(self, longest_prompt: int) -> int:
         """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of

@@ -58,8 +58,10 @@ class ModelWorker:
         self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
                                  param_dtype=actor_cfg.param_dtype, seq_length=rl.seq_length, **tp)
         self.hf_config = self.actor.hf_config
+        reference_dtype = Derived(config).reference_dtype
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
-                                      seq_length=rl.seq_length, **tp) if rl.beta > 0 else None)
+                                      param_dtype=reference_dtype, seq_length=rl.seq_length, **tp)
+                          if reference_dtype else None)
         self.engine = build_rollout_engine(
             config.generate_config.backend, self.actor, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
             max_prompt_length=rl.max_prompt_length, max_batch_size=config.generate_config.infer_model_batch_size,
