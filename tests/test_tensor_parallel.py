@@ -70,13 +70,14 @@ def test_layouts_the_model_cannot_take_are_named():
 
 # ---------------------------------------------------------------------------------------------- forward parity
 @msrun_group
-@pytest.mark.parametrize("mode", ["pynative", "graph"])
-def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path, mode):
-    """Tied embeddings with 2 KV heads in PyNative; untied with 1 KV head (replicated on both ranks) in GRAPH."""
-    tied, kv = (True, 2) if mode == "pynative" else (False, 1)
-    model = make_tiny_qwen2(tmp_path / "model", kv_heads=kv, tied=tied)
-    msrun([REPO / "tests" / "tp_worker.py", model, mode, tmp_path], tmp_path / "log")
-    for rank in (0, 1):
+def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path):
+    """Tied embeddings with 2 KV heads in PyNative; untied with 1 KV head (replicated on both ranks) in GRAPH; both
+    in one msrun launch."""
+    runs = []
+    for mode, tied, kv in (("pynative", True, 2), ("graph", False, 1)):
+        runs += [mode, make_tiny_qwen2(tmp_path / f"model_{mode}", kv_heads=kv, tied=tied)]
+    msrun([REPO / "tests" / "tp_worker.py", tmp_path, *runs], tmp_path / "log")
+    for rank, mode in ((0, "pynative"), (1, "pynative"), (0, "graph"), (1, "graph")):
         result = json.loads((tmp_path / f"rank{rank}_{mode}.json").read_text())
         assert result["logp"] <= 1e-5, result
         assert result["entropy"] <= 2e-5, result

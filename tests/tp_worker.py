@@ -2,7 +2,8 @@
 model (TP=1, no collectives) and its TP slice, and compares log-probs, entropies, gradients and rollouts (greedy,
 sampled, and ragged: rows ending at different steps, which compacts the decode batch on both ranks).
 
-Usage: msrun --worker_num=2 ... tp_worker.py MODEL_DIR MODE OUT_DIR"""
+Usage: msrun --worker_num=2 ... tp_worker.py OUT_DIR MODE MODEL_DIR [MODE MODEL_DIR ...]: each (mode, model) in
+turn in one launch (the process group is set up once), each writing OUT_DIR/rank{R}_{MODE}.json."""
 import json
 import sys
 from pathlib import Path
@@ -17,9 +18,15 @@ from mindgrpo.parallel.groups import all_gather, init_distributed
 
 
 def main() -> None:
-    model_dir, mode, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE, device_target="CPU")
+    out, runs = Path(sys.argv[1]), sys.argv[2:]
+    ms.set_context(device_target="CPU")
     dist = init_distributed(model_parallel=2)
+    for mode, model_dir in zip(runs[::2], runs[1::2]):
+        ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+        compare(model_dir, mode, out, dist)
+
+
+def compare(model_dir: str, mode: str, out: Path, dist) -> None:
     from mindgrpo.models import SharedPromptForward, build_model, hf_parameters
     from mindgrpo.train.step_graphs import CompletionLogProbs
     from mindgrpo.rollout import SamplingParams
