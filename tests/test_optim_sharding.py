@@ -190,7 +190,7 @@ def test_tp_norm_counts_each_copy_once(ms_mode):
     dist = DistInfo(rank=3, world_size=4, tp_size=4, tp_group="fake_tp")
     cell = ReduceAndClip(acc, 1.0, dist, lay, names)
     cell.tp_sum = LoneRank()
-    norm = float(cell())
+    norm = cell.reduce_and_clip()
     copies = {n: lay.gradient_owners(n) for n in names}
     assert copies["model.norm.weight"] == 4 and copies["model.layers.0.self_attn.k_proj.bias"] == 2
     assert copies["lm_head.weight"] == 1
@@ -219,7 +219,7 @@ def test_reduce_and_clip_without_parallelism_is_plain_clipping(ms_mode):
     rng = np.random.default_rng(2)
     grads = [rng.normal(size=s).astype(np.float32) for s in [(5, 3), (3,), (2, 4)]]
     acc = ParameterTuple([ms_param(g, f"plain.{i}") for i, g in enumerate(grads)])
-    norm = float(ReduceAndClip(acc, 0.5, DistInfo())())
+    norm = ReduceAndClip(acc, 0.5, DistInfo()).reduce_and_clip()
     clipped, expected = clip_by_global_norm(tuple(Tensor(g) for g in grads), 0.5)
     assert norm == float(expected)
     for p, c in zip(acc, clipped):
@@ -290,7 +290,7 @@ for mode in ("pynative", "graph"):
         for step, lr in enumerate(LRS):
             for a, g in zip(acc, grads_of(step, rank)):
                 a.set_data(Tensor(g))
-            results[f"{tag}.norm.{step}"] = reduce()
+            results[f"{tag}.norm.{step}"] = reduce.reduce_and_clip()
             apply(*opt.hyper_tensors(lr))
         for n, p in zip(names, params):
             results[f"{tag}.param.{n}"] = p
@@ -307,7 +307,7 @@ for mode in ("pynative", "graph"):
         for step, lr in enumerate(LRS):
             for a, g in zip(acc, grads_of(step, rank)):
                 a.set_data(Tensor(g))
-            reduce()
+            reduce.reduce_and_clip()
             apply(*opt.hyper_tensors(lr))
             opt.publish()
         for n, p in zip(names, params):
@@ -327,7 +327,7 @@ for mode in ("pynative", "graph"):
         rng = np.random.default_rng(200 + i + (0 if n == "model.norm.weight" else 50 * rank))
         local.append(rng.normal(size=lay.local_shape(n, tp_shapes[n])).astype(np.float32))
     acc = ParameterTuple([Parameter(Tensor(g), name=f"{mode}.tp.{n}") for g, n in zip(local, tp_names)])
-    results[f"{mode}.tp_norm"] = ReduceAndClip(acc, 1.0, tp_dist, lay, tp_names)()
+    results[f"{mode}.tp_norm"] = ReduceAndClip(acc, 1.0, tp_dist, lay, tp_names).reduce_and_clip()
     for n, g, p in zip(tp_names, local, acc):
         results[f"{mode}.tp_in.{n}"] = g
         results[f"{mode}.tp_out.{n}"] = p

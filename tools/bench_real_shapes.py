@@ -80,7 +80,8 @@ def commands(size: str, model: Path, work: Path, args: argparse.Namespace, promp
         runs[f"mindgrpo {dtype}"] = [
             sys.executable, str(Path(__file__).with_name("bench_grpo.py")), "--worker", size, "--model-dir",
             str(model), "--work-dir", str(work), "--prompts", str(assets.prompts), "--prompts-source", assets.source,
-            "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype, *common, *threads]
+            "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype,
+            "--packed-rows", str(args.packed_rows), *common, *threads]
     if args.vs_trl:
         runs["TRL float32"] = [
             args.vs_trl, str(Path(__file__).with_name("trl_peer.py")), "--model", str(model),
@@ -149,6 +150,10 @@ def main() -> int:
                         help="also run mindgrpo float32 once at 4 prompts per step")
     parser.add_argument("--capacity-trl", action="store_true",
                         help="with --capacity, TRL too (on 24 GiB the OOM killer ends it)")
+    parser.add_argument("--packed-rows", type=int, default=4,
+                        help="mindgrpo's packed training and scoring forwards: rows of --max-new-tokens each "
+                             "(default 4: 512 tokens, whose float32 logits at this vocabulary are 311 MB a copy, and "
+                             "a compiled CPU graph keeps every copy it makes)")
     parser.add_argument("--vs-trl", metavar="PYTHON", help="TRL's interpreter (bash tools/make_trl_venv.sh trlenv)")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads for both frameworks")
     parser.add_argument("--model-cache", default=str(ASSETS_CACHE), help="where the model folder is cached")

@@ -345,7 +345,7 @@ class ModelWorker:
                 sums["actor/loss"] = sums.get("actor/loss", 0.0) + float(loss)
                 for key, value in {"actor/entropy": float(entropy), **named}.items():
                     sums[key] = sums.get(key, 0.0) + value * tokens / step_tokens
-            norm = float(self._reduce_and_clip())
+            norm = self._reduce_and_clip.reduce_and_clip()
             lr = learning_rate_at(self.config.actor_config.lr_schedule, self.optimizer.step_count,
                                   total_steps * rl.num_iterations)
             # Every rank must take the same branch: the norm is already global; the loss flag is made global.

@@ -328,6 +328,22 @@ def clip_to_norm(grads, norm: Tensor, max_norm: float):
     return _hyper_map(ops.partial(_scaled, scale), grads)
 
 
+def clip_scale(norm: float, max_norm: float) -> np.float32:
+    """:func:`clip_to_norm`'s factor on the host, in float32 as the graph computes it (1 when max_norm is 0)."""
+    if max_norm <= 0:
+        return np.float32(1.0)
+    return np.minimum(np.float32(1.0), np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))
+
+
+def scale_in_place(param: Parameter, scale: np.float32) -> None:
+    """``param *= scale`` in the Parameter's own memory: on CPU its numpy view shares it, so no copy is made; where
+    it does not (a device), the scaled copy is written back."""
+    view = param.asnumpy()
+    view *= scale
+    if not np.shares_memory(view, param.asnumpy()):
+        param.set_data(Tensor(view))
+
+
 def clip_by_global_norm(grads, max_norm: float):
     """Scale gradients so their global norm is at most max_norm (0 disables); returns (grads, norm before)."""
     norm = global_norm(grads)

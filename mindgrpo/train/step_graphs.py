@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import numpy as np
+
 import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
@@ -25,7 +27,8 @@ from mindgrpo.models import PackedPromptForward, SharedPromptForward
 from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
-from mindgrpo.train.optim import AdamW, clip_to_norm, parameter_runs, squared_norm
+from mindgrpo.train.optim import (AdamW, clip_scale, clip_to_norm, parameter_runs, scale_in_place,
+                                  squared_norm)
 
 
 class UnsharedForward(nn.Cell):
@@ -237,6 +240,10 @@ class ReduceAndClip(nn.Cell):
         reduced = [i for i in range(len(accumulators)) if self.dp_sum is not None or self.shared_kv[i]]
         self.runs = tuple(tuple(reduced[start:stop]) for start, stop in parameter_runs(len(reduced)))
         self.hyper_map, self.assign = ops.HyperMap(), ops.Assign()
+        # On CPU every node of a compiled graph keeps its output buffer for the life of the process, so scaling the
+        # accumulators in the graph kept a second copy of every gradient (788 MiB beside 1 GiB of gradients,
+        # measured): there the host scales them in place instead (:meth:`reduce_and_clip`).
+        self.clips_in_graph = ms.get_context("device_target") != "CPU"
 
     def construct(self):
         previous = self.dp_scale  # the last collective's output: the next one waits for it
@@ -246,8 +253,21 @@ class ReduceAndClip(nn.Cell):
         if self.tp_sum is not None:
             squares = self.tp_sum(ops.depend(squares, previous))
         norm = ops.sqrt(squares)
+        if not self.clips_in_graph:
+            return ops.depend(norm, previous)
         clipped = self.hyper_map(self.assign, self.accumulators, clip_to_norm(self.accumulators, norm, self.max_norm))
         return ops.depend(norm, clipped)
+
+    def reduce_and_clip(self) -> float:
+        """The step: the collectives, the global norm and the clip (in the graph, or on the host on CPU); returns
+        the norm before clipping. A non-finite norm leaves the gradients as they are (the update is skipped)."""
+        norm = float(self())
+        if not self.clips_in_graph and np.isfinite(norm):
+            scale = clip_scale(norm, self.max_norm)
+            if scale < 1:
+                for accumulator in self.accumulators:
+                    scale_in_place(accumulator, scale)
+        return norm
 
     def _reduce(self, run, previous):
         """The collectives of the accumulators in ``run``, in place; returns the last collective's output."""
