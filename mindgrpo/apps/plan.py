@@ -89,12 +89,6 @@ SCORE_COPIES = 4
 DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/backends/native.py)
 UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (step_graphs.ReduceAndClip), before the write-back
 
-
-def update_copies(device: str, data_parallel: int) -> int:
-    """Gradient-sized temporaries of the update graph (step_graphs.ReduceAndClip). On ``cpu`` the clip scales the
-    accumulators in place on the host, so only the data-parallel average makes any (its AllReduce's output and the
-    averaged copy); without data parallelism, none."""
-    return UPDATE_GRADIENT_COPIES if device != "cpu" or data_parallel > 1 else 0
 PARTS = ("weights", "gradients", "optimizer", "activations", "activations_recompute", "update", "kv_cache",
          "reference", "runtime")
 RESIDENT = ("weights", "gradients", "optimizer", "kv_cache", "reference", "runtime")
@@ -302,6 +296,13 @@ def runtime_bytes(device: str, *, data_parallel: int, model_parallel: int) -> in
 # ----------------------------------------------------------------------------------------------------------------
 # Layouts
 
+def update_copies(device: str, data_parallel: int) -> int:
+    """Gradient-sized temporaries of the update graph (step_graphs.ReduceAndClip). On ``cpu`` the clip scales the
+    accumulators in place on the host, so only the data-parallel average makes any (its AllReduce's output and the
+    averaged copy); without data parallelism, none."""
+    return UPDATE_GRADIENT_COPIES if device != "cpu" or data_parallel > 1 else 0
+
+
 def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parallel: int,
                  device_memory: int = 0, device: str = "ascend") -> Dict[str, int]:
     """Per-rank bytes of each part (see the module docstring) and their ``total`` for one layout of ``config`` on
@@ -327,7 +328,8 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     parts = {"weights": state["weights"], "gradients": state["gradients"], "optimizer": state["optimizer"],
              "activations": activation_bytes(hf_config, recompute=False, **shape),
              "activations_recompute": activation_bytes(hf_config, recompute=True, **shape),
-             "update": update_copies(device, data_parallel) * state["gradients"], "kv_cache": cache, "reference": state["reference"],
+             "update": update_copies(device, data_parallel) * state["gradients"], "kv_cache": cache,
+             "reference": state["reference"],
              "runtime": runtime_bytes(device, data_parallel=data_parallel, model_parallel=model_parallel)}
     used = parts["activations_recompute" if actor.recompute else "activations"]
     transient = used + parts["update"] if device == "cpu" else max(used, parts["update"])

@@ -320,11 +320,14 @@ def global_norm(grads) -> Tensor:
     return ops.sqrt(squared_norm(grads))
 
 
+CLIP_EPS = 1e-6  # added to the norm in the clip factor, in the graph and on the host alike
+
+
 def clip_to_norm(grads, norm: Tensor, max_norm: float):
     """Scale gradients whose global norm is ``norm`` so it is at most max_norm (0 disables)."""
     if max_norm <= 0:
         return grads
-    scale = ops.minimum(Tensor(1.0, ms.float32), max_norm / (norm + 1e-6))
+    scale = ops.minimum(Tensor(1.0, ms.float32), max_norm / (norm + CLIP_EPS))
     return _hyper_map(ops.partial(_scaled, scale), grads)
 
 
@@ -332,7 +335,7 @@ def clip_scale(norm: float, max_norm: float) -> np.float32:
     """:func:`clip_to_norm`'s factor on the host, in float32 as the graph computes it (1 when max_norm is 0)."""
     if max_norm <= 0:
         return np.float32(1.0)
-    return np.minimum(np.float32(1.0), np.float32(max_norm) / (np.float32(norm) + np.float32(1e-6)))
+    return np.minimum(np.float32(1.0), np.float32(max_norm) / (np.float32(norm) + np.float32(CLIP_EPS)))
 
 
 def scale_in_place(param: Parameter, scale: np.float32) -> None:
