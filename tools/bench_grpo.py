@@ -231,7 +231,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         "share_other": round(1 - sum(phase_s.values()) / total, 4),
         "phase_seconds": {**{phase: round(t / len(counted), 4) for phase, t in phase_s.items()},
                           "other": round((total - sum(phase_s.values())) / len(counted), 4)},
-        "peak_rss_mib": peak_rss_mib(), "recompiles_after_warmup": recompiles,
+        "peak_rss_mib": peak_rss_mib(), "planned_rss_mib": planned_rss_mib(config, trainer.worker.hf_config),
+        "recompiles_after_warmup": recompiles,
         "lengths": length_stats([n for s in counted for n in s["lengths"]], args.max_new_tokens),
         "eos_ids": [trainer.tokenizer.eos_token_id],
         "matmul_peak_gflops": gflops,
@@ -239,6 +240,15 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         "mfu_phases": {phase: round(flops[phase] / phase_s[phase] / 1e9 / gflops, 4) for phase in phase_s},
         "cpu": cpu_model(), "prompts": args.prompts_source,
     }
+
+
+def planned_rss_mib(config, hf_config) -> int:
+    """What `mindgrpo plan --device cpu` predicts this one-process run's peak RSS to be (the planner's own
+    accounting, checked here against the measured peak)."""
+    from mindgrpo.apps.plan import plan_layouts
+
+    layout = plan_layouts(config, 1, 1 << 50, hf_config, device="cpu")["layouts"][0]
+    return round(layout["bytes"]["total"] / 2 ** 20)
 
 
 # ----------------------------------------------------------------------------------------------- driver

@@ -16,7 +16,8 @@ token: every completion runs to the limit in both frameworks (the `lengths` of e
     TRL                  tools/trl_peer.py in TRL's interpreter (`--vs-trl`), float32
 
 The runs alternate (`--repeats` rounds). The last lines are a table, one row per run kind: tokens/s, seconds per
-step, peak RSS, and the targets (mindgrpo float32 at least 1.5x TRL's tokens/s with a peak RSS no higher than TRL's;
+step, peak RSS, what `mindgrpo plan --device cpu` predicts for the same config (it must be within 25 % of the
+measured peak), and the targets (mindgrpo float32 at least 1.5x TRL's tokens/s with a peak RSS no higher than TRL's;
 bf16 peak RSS at most 0.7x mindgrpo float32's). `--capacity` adds one mindgrpo float32 run at 4 prompts x 8 x 128,
 which must finish on a 24 GiB machine; TRL was killed there by the OOM killer (peak 24.9 GB), so it runs that
 setting only with `--capacity-trl`.
@@ -48,6 +49,7 @@ QWEN2_5 = {
                  intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768),
 }
 TOKENS_TARGET, RSS_TARGET, BF16_RSS_TARGET = 1.5, 1.0, 0.7
+PLANNER_TOLERANCE = 0.25  # the planner's prediction within 25 % of the measured peak RSS
 
 
 def real_model(size: str, cache: Path) -> Path:
@@ -112,17 +114,21 @@ def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_
     med = {name: summary(runs) for name, runs in results.items() if runs}
     fp32, trl = med.get("mindgrpo float32"), med.get("TRL float32")
     lines = [f"Qwen2.5-{size} shape, {prompts_per_step} prompts x 8 x {new_tokens} new tokens ({cpu_model()})",
-             "| run | tokens/s | s/step | peak RSS GiB | vs TRL tokens/s | vs TRL RSS | target |",
-             "|---|---|---|---|---|---|---|"]
+             "| run | tokens/s | s/step | peak RSS GiB | planner GiB | vs TRL tokens/s | vs TRL RSS | target |",
+             "|---|---|---|---|---|---|---|---|"]
     for name in results:
         row = med.get(name)
         if row is None:
-            lines.append(f"| {name} | failed | | | | | |")
+            lines.append(f"| {name} | failed | | | | | | |")
             continue
         rss = row["peak_rss_mib"] / 1024
         speed = f"{row['tokens_per_sec'] / trl['tokens_per_sec']:.2f}x" if trl and name != "TRL float32" else ""
         mem = f"{row['peak_rss_mib'] / trl['peak_rss_mib']:.2f}x" if trl and name != "TRL float32" else ""
-        target = ""
+        target, planned = "", ""
+        if "planned_rss_mib" in row:  # mindgrpo's runs: `mindgrpo plan --device cpu`'s figure for the same config
+            error = row["planned_rss_mib"] / row["peak_rss_mib"] - 1
+            planned = (f"{row['planned_rss_mib'] / 1024:.2f} ({error:+.0%}: "
+                       f"{'within' if abs(error) <= PLANNER_TOLERANCE else 'NOT within'} {PLANNER_TOLERANCE:.0%})")
         if name == "mindgrpo float32" and trl:
             met = (row["tokens_per_sec"] >= TOKENS_TARGET * trl["tokens_per_sec"]
                    and row["peak_rss_mib"] <= RSS_TARGET * trl["peak_rss_mib"])
@@ -131,8 +137,8 @@ def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_
             ratio = row["peak_rss_mib"] / fp32["peak_rss_mib"]
             target = (f"RSS {ratio:.2f}x float32's, ≤ {BF16_RSS_TARGET}x: "
                       f"{'met' if ratio <= BF16_RSS_TARGET else 'NOT met'}")
-        lines.append(f"| {name} | {row['tokens_per_sec']:.1f} | {row['sec_per_step']:.1f} | {rss:.2f} | {speed} | "
-                     f"{mem} | {target} |")
+        lines.append(f"| {name} | {row['tokens_per_sec']:.1f} | {row['sec_per_step']:.1f} | {rss:.2f} | {planned} | "
+                     f"{speed} | {mem} | {target} |")
     return lines
 
 
