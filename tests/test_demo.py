@@ -227,8 +227,8 @@ def _mindspore_logits(model_dir: Path, ids, mask) -> np.ndarray:
 
     from mindgrpo.models import build_model
 
-    model = build_model(model_dir, role="reference", seq_length=ids.shape[1])
-    return model.logits(model(Tensor(ids), Tensor(mask))).asnumpy()
+    model = build_model(model_dir, role="reference")
+    return model.full_sequence(ids.shape[1])(Tensor(ids), Tensor(mask)).asnumpy()
 
 
 def test_model_loads_in_mindspore_and_transformers_with_close_logits(warmed):
@@ -254,7 +254,7 @@ def test_short_warm_start_records_real_measurements(warmed, plain):
     assert trained.keys() == initial.keys()
     assert not np.allclose(trained["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])
     # The recorded accuracy is what the exported model scores, measured again from the files.
-    model = build_model(warmed.model_dir, role="reference", seq_length=demo.SEQ_LENGTH)
+    model = build_model(warmed.model_dir, role="reference")
     tok = load_tokenizer(warmed.model_dir)
     greedy, sampled = demo.answer_accuracy(model, tok, _rows(warmed.test_jsonl), decodings=(None, 0))
     assert (greedy, sampled) == (facts["test_greedy_accuracy"], facts["test_sampled_accuracy"])

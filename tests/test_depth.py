@@ -124,7 +124,7 @@ def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
     from mindgrpo.train.step_graphs import AccumulateGradients, ApplyGradients, ReduceAndClip
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    model = build_model(make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B), seq_length=80)
+    model = build_model(make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B))
     params = model.trainable_params()
     assert len(params) == 64 * 12 + 3  # every layer's 12 tensors, the final norm, embedding and lm_head
     before = [p.asnumpy().astype(np.float64) for p in params]

@@ -28,20 +28,23 @@ def test_import_does_not_load_mindspore():
 
 
 def test_reading_a_model_config_loads_no_mindformers(tiny_model_dir):
-    """The preflight reads every model's config.json before anything is built: that must not cost the MindFormers
-    import (seconds), which the first model-building name of mindgrpo.models brings."""
+    """The preflight reads every model's config.json before anything is built, and mindgrpo's model and trainer
+    run without MindFormers: neither may cost its import (seconds). Only the mindformers rollout backend's model
+    brings it."""
     code = ("import sys\nfrom mindgrpo.hf_config import qwen2_spec, read_hf_config\n"
             f"spec = qwen2_spec(read_hf_config({str(tiny_model_dir)!r}))\n"
             "print(spec.num_hidden_layers > 0, 'mindformers' in sys.modules)\n"
-            "from mindgrpo.models import build_model\nprint('mindformers' in sys.modules)\n")
+            "from mindgrpo.models import build_model\nfrom mindgrpo.train.trainer import GRPOTrainer\n"
+            f"build_model({str(tiny_model_dir)!r})\nprint('mindformers' in sys.modules)\n"
+            "from mindgrpo.models import build_mindformers_model\nprint('mindformers' in sys.modules)\n")
     done = run_python(code)
-    assert done.stdout.split() == ["True", "False", "True"], done.stdout
+    assert done.stdout.split() == ["True", "False", "False", "True"], done.stdout
 
 
 def test_mindformers_is_imported_without_torch_and_torch_stays_usable():
     """MindFormers' tensorboardX would import torch (about 210 MB of RSS) only to recognise torch tensors."""
     pytest.importorskip("torch")
-    code = ("import sys\nfrom mindgrpo.models import build_model\n"
+    code = ("import sys\nfrom mindgrpo.models import build_mindformers_model\n"
             "print('torch' in sys.modules, 'mindformers' in sys.modules)\n"
             "import torch, tensorboardX.writer\nfrom transformers.utils import is_torch_available\n"
             "print(float(torch.ones(2).sum()), is_torch_available(), tensorboardX.writer.numpy_compatible.__name__)")
@@ -52,7 +55,8 @@ def test_mindformers_is_imported_without_torch_and_torch_stays_usable():
 def test_packages_mindformers_loads_for_unused_features_are_deferred_until_used():
     """nltk, datasets, jieba, rouge_chinese and boto3 (about 117 MB of RSS) load only when MindFormers uses them."""
     from mindgrpo._lean_import import DEFERRED_PACKAGES
-    code = ("import sys\nfrom mindgrpo.models import build_model\nimport mindformers.core.metric.metric as metric\n"
+    code = ("import sys\nfrom mindgrpo.models import build_mindformers_model\n"
+            "import mindformers.core.metric.metric as metric\n"
             "import mindformers.dataset.dataloader.hf_dataloader as loader\n"
             f"print(sorted(p for p in {DEFERRED_PACKAGES!r} if p in sys.modules))\n"
             "print(metric.sentence_bleu([list('abcd')], list('abcd')))\n"

@@ -11,23 +11,22 @@ import mindspore as ms
 from mindspore import Tensor, nn, ops
 from safetensors.numpy import load_file, save_file
 
-from mindgrpo.models import (CheckpointMismatchError, ModelConfigError, Qwen2CausalLM, build_model,
-                             hf_parameters, hf_to_ms_name, load_state_dict_hf, ms_to_hf_name, qwen2_spec,
+from mindgrpo.models import (CheckpointMismatchError, ModelConfigError, Qwen2Model, build_mindformers_model,
+                             build_model, hf_parameters, hf_to_ms_name, load_state_dict_hf, ms_to_hf_name, qwen2_spec,
                              read_hf_config, state_dict_hf, sync_weights)
 
 MODEL_FILES = ("config.json", "model.safetensors")
 
 
 class TokenLogProbs(nn.Cell):
-    """log p(token t+1 | tokens <= t): the trainer's use of the forward, compiled whole in GRAPH mode."""
+    """log p(token t+1 | tokens <= t) from the model's full-sequence pass, compiled whole in GRAPH mode."""
 
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
+    def __init__(self, model, max_positions=64):
+        super().__init__(auto_prefix=False)  # as the trainer's cells: the model's Parameter names stay its own
+        self.forward = model.full_sequence(max_positions)
 
     def construct(self, input_ids, attention_mask, position_ids=None):
-        hidden = self.model(input_ids, attention_mask, position_ids)
-        logp = ops.log_softmax(self.model.logits(hidden[:, :-1]), -1)
+        logp = ops.log_softmax(self.forward(input_ids, attention_mask, position_ids)[:, :-1], -1)
         return ops.gather_elements(logp, 2, ops.expand_dims(input_ids[:, 1:], -1)).squeeze(-1)
 
 
@@ -181,39 +180,6 @@ def test_left_padding_matches_unpadded(tiny_model_dir):
     assert np.abs(scorer(_int32(right_padded), _int32(mask)).asnumpy()[0, :-pad] - unpadded).max() < 1e-5
 
 
-@PYNATIVE_AND_SLOW_GRAPH
-def test_full_mask_and_packed_sequences(tiny_model_dir, mode, tmp_path, monkeypatch):
-    """A [B,S,S] mask (boolean, or float additive) reproduces the [B,S] path, and two sequences packed in one row
-    (block-diagonal mask, positions restarting at 0) score exactly like each sequence on its own."""
-    ref = _reference(tiny_model_dir)
-    ids, mask = ref["input_ids"], ref["attention_mask"]
-    seq = ids.shape[1]
-    causal = np.tril(np.ones((seq, seq), dtype=bool))
-    full = causal[None] & mask.astype(bool)[:, None, :]
-    additive = np.where(full, 0.0, -1e4).astype(np.float32)
-    positions = np.maximum(np.cumsum(mask, 1) - 1, 0)
-    real = ref["token_logprobs_mask"].astype(bool)
-    a, b = ids[0, :10], ids[0, 10:]  # pack two pieces of row 0 into one row
-    packed = np.concatenate([a, b])[None]
-    block = np.zeros((seq, seq), dtype=bool)
-    block[:10, :10], block[10:, 10:] = causal[:10, :10], causal[10:, 10:]
-    packed_positions = np.concatenate([np.arange(10), np.arange(seq - 10)])[None]
-    with _mode(mode):
-        scorer = TokenLogProbs(build_model(tiny_model_dir))
-        from_2d = scorer(_int32(ids), _int32(mask), _int32(positions)).asnumpy()
-        for full_mask in (Tensor(full), Tensor(additive)):
-            from_3d = scorer(_int32(ids), full_mask, _int32(positions)).asnumpy()
-            assert np.abs(from_2d - from_3d)[real].max() < 1e-6
-
-        got = scorer(_int32(packed), Tensor(block[None]), _int32(packed_positions)).asnumpy()[0]
-        for piece, scored in ((a, got[:9]), (b, got[10:])):
-            alone = scorer(_int32(piece[None]), _int32(np.ones((1, len(piece)))), None).asnumpy()[0]
-            assert np.abs(alone - scored).max() < 1e-5
-        monkeypatch.setenv("MS_OM_PATH", str(tmp_path))  # a GRAPH compile error writes rank_0/om/ there, not in cwd
-        with pytest.raises(ValueError, match="position_ids"):
-            scorer(_int32(packed), Tensor(block[None]), None)
-
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_precision_sources_load(tmp_path, tiny_untied_model_dir, dtype):
     """bf16/fp16 safetensors load exactly (bit-equal to torch's widening) and score like transformers does on the
@@ -250,16 +216,18 @@ def test_roles(tiny_model_dir):
     actor = build_model(tiny_model_dir)
     reference = build_model(tiny_model_dir, role="reference")
     inference = build_model(tiny_model_dir, role="inference")
-    assert isinstance(actor, Qwen2CausalLM) and isinstance(reference, Qwen2CausalLM)
-    assert not isinstance(inference, Qwen2CausalLM)
+    assert all(isinstance(model, Qwen2Model) for model in (actor, reference, inference))
+    assert (actor.role, reference.role, inference.role) == ("actor", "reference", "inference")
+    assert actor.layout.tp == 1 and actor.group == "" and actor.spec.num_hidden_layers == 4
     assert len(actor.trainable_params()) == 4 * 12 + 2  # tied: lm_head is the embedding Parameter
     assert actor.lm_head.weight is actor.model.tok_embeddings.embedding_weight
-    assert reference.trainable_params() == [] and not reference.training
-    assert all(not p.requires_grad for p in reference.get_parameters())
+    for frozen in (reference, inference):
+        assert frozen.trainable_params() == [] and not frozen.training
+        assert all(not p.requires_grad for p in frozen.get_parameters())
     assert set(hf_parameters(actor)) == set(load_file(str(tiny_model_dir / "model.safetensors")))
-    wrapped = TokenLogProbs(actor)  # MindSpore prefixes every param.name with "model." now...
-    assert actor.model.norm_out.weight.name.startswith("model.model.")
-    assert set(hf_parameters(actor)) == set(hf_parameters(wrapped.model))  # ...names stay relative to the model
+    names = [p.name for p in actor.get_parameters()]
+    TokenLogProbs(actor)  # a pass reads the Parameters without renaming them
+    assert [p.name for p in actor.get_parameters()] == names
     with pytest.raises(ValueError, match="role='critic'"):
         build_model(tiny_model_dir, role="critic")
     with pytest.raises(ValueError, match="compute_dtype='fp32'"):
@@ -281,8 +249,7 @@ def test_float16_compute(tiny_model_dir):
 
 def test_build_does_not_litter_cwd(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.chdir(tmp_path)
-    model = build_model(tiny_model_dir)
-    model(_int32([[1, 2, 3]]), _int32([[1, 1, 1]]))
+    TokenLogProbs(build_model(tiny_model_dir))(_int32([[1, 2, 3]]), _int32([[1, 1, 1]]))
     assert list(tmp_path.iterdir()) == []
 
 
@@ -367,21 +334,21 @@ def test_state_dict_roundtrip_is_strict(tiny_model_dir):
     del changed["model.norm.weight"]
     with pytest.raises(CheckpointMismatchError, match=r"missing from the checkpoint: model\.norm\.weight"):
         load_state_dict_hf(model, changed)
-    model.model.norm_out.weight.sliced = True  # as after a sharded compile on Ascend: full tensors no longer fit
-    with pytest.raises(RuntimeError, match="already sliced.*before the network's first compile"):
-        load_state_dict_hf(model, state)
 
 
 # ------------------------------------------------------------------------------------------------ weight sync
-def test_sync_weights_to_inference_model(tiny_untied_model_dir, tiny_model_dir):
+def test_sync_weights_to_mindformers_model(tiny_untied_model_dir, tiny_model_dir):
+    """MindFormers' LlamaForCausalLM (the mindformers rollout backend's) computes transformers' logits, and after
+    sync_weights from a trained Qwen2Model it computes ours: the one MindFormers path, held to ours."""
     actor = build_model(tiny_untied_model_dir)
     ref = _reference(tiny_untied_model_dir)
     ids = ref["input_ids"][:1]  # unpadded row: MindFormers' own forward derives its mask from pad ids
     # ...and, unless ENFORCE_EAGER=true, expects exactly seq_length tokens (its generate() pads to it)
-    inference = build_model(tiny_untied_model_dir, role="inference", seq_length=ids.shape[1])
+    inference = build_mindformers_model(tiny_untied_model_dir, seq_length=ids.shape[1])
+    forward = actor.full_sequence(ids.shape[1])
 
     def actor_logits():
-        return actor.logits(actor(_int32(ids), _int32(np.ones_like(ids)))).asnumpy()
+        return forward(_int32(ids), _int32(np.ones_like(ids))).asnumpy()
 
     def inference_logits():
         return inference(_int32(ids))[0].asnumpy()  # eval mode: (logits, tokens, mask)

@@ -26,7 +26,7 @@ def ref(vl_reference):
 
 @pytest.fixture(scope="module")
 def model(vl_dir):
-    return build_model(vl_dir, seq_length=MAX_POSITIONS)
+    return build_model(vl_dir)
 
 
 def _i32(array):
@@ -87,7 +87,7 @@ def test_newer_weight_layout_and_shards_load_the_same_language_model(tmp_path, v
 
     expected = state_dict_hf(model)
     assert set(expected) == {name for name in tensors if not name.startswith("visual.")}
-    loaded = state_dict_hf(build_model(folder, seq_length=MAX_POSITIONS))
+    loaded = state_dict_hf(build_model(folder))
     assert set(loaded) == set(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(loaded[name], value, err_msg=name)
@@ -99,7 +99,7 @@ def test_newer_weight_layout_and_shards_load_the_same_language_model(tmp_path, v
     save_file(both, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(CheckpointMismatchError, match="holds both model.language_model.norm.weight and "
                                                       "model.norm.weight"):
-        build_model(folder, seq_length=MAX_POSITIONS)
+        build_model(folder)
 
 
 # ------------------------------------------------------------------------------------------------ positions
@@ -200,7 +200,7 @@ def test_greedy_decoding_continues_from_rope_deltas(model, ref, ms_mode):
 
 
 def test_three_row_positions_need_a_vl_model(tiny_model_dir):
-    forward = FullSequenceForward(build_model(tiny_model_dir, seq_length=32), 32)
+    forward = FullSequenceForward(build_model(tiny_model_dir), 32)
     ids = np.arange(8, dtype=np.int32).reshape(1, 8)
     with pytest.raises(ValueError, match="no mrope_section"):
         forward(_i32(ids), _i32(np.ones_like(ids)), _i32(np.stack([ids] * 3)))

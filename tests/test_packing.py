@@ -100,7 +100,7 @@ def model_dir(tmp_path_factory):
 
 
 def test_packed_forward_equals_the_shared_forward(model_dir, ms_mode):
-    model = build_model(model_dir, seq_length=32)
+    model = build_model(model_dir)
     rollouts = make_rollouts(1)
     padded = SharedPromptForward(model, NUM_GENERATIONS, 32)(Tensor(rollouts.prompt_ids), Tensor(rollouts.prompt_mask),
                                                              Tensor(rollouts.completion_ids)).asnumpy()

@@ -108,7 +108,7 @@ def full_forward_logits(actor, sequences):
     mask = np.zeros((len(sequences), width), np.int32)
     for i, seq in enumerate(sequences):
         ids[i, :len(seq)], mask[i, :len(seq)] = seq, 1
-    return actor.logits(actor(Tensor(ids), Tensor(mask))).asnumpy()
+    return actor.full_sequence(width)(Tensor(ids), Tensor(mask)).asnumpy()
 
 
 def greedy_reference(last_logits_fn, prompts, steps):
@@ -495,7 +495,7 @@ def test_bad_requests_are_clear_errors(native):
         native.generate([[1]], SamplingParams(stop_token_ids=[500]))
     with pytest.raises(ValueError, match="min_decode_batch must be a power of two >= 2, got 1"):
         build_rollout_engine("native", None, **{**ENGINE, "min_decode_batch": 1})
-    with pytest.raises(TypeError, match="not a MindFormers LlamaForCausalLM"):
+    with pytest.raises(TypeError, match="not a mindgrpo Qwen2Model"):
         build_rollout_engine("native", ms.nn.Dense(2, 2), eos_token_id=EOS, pad_token_id=PAD, max_prompt_length=8)
 
 

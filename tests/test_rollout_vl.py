@@ -37,7 +37,7 @@ def ref(vl_reference):
 
 @pytest.fixture(scope="module")
 def model(vl_dir):
-    return build_model(vl_dir, seq_length=128)
+    return build_model(vl_dir)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +171,7 @@ def test_bad_images_are_refused(engines, ref, tiny_model_dir):
         engine.generate(prompts[:1], GREEDY, images=[PromptImages(features, [[1, 4, 8]])])
     with pytest.raises(ValueError, match=r"prompt 0: row 0: image 0 \(grid \[1, 8, 8\]\) needs 16 <\|image_pad\|>"):
         engine.generate(prompts[:1], GREEDY, images=[PromptImages(features, [[1, 8, 8]])])
-    text_engine = build_rollout_engine("native", build_model(tiny_model_dir, seq_length=64), **ENGINE)
+    text_engine = build_rollout_engine("native", build_model(tiny_model_dir), **ENGINE)
     with pytest.raises(ValueError, match="images need a Qwen2.5-VL actor"):
         text_engine.generate([[1, 2, 3]], GREEDY, images=[images[0]])
     with pytest.raises(NotImplementedError, match="the mindformers rollout backend takes text prompts only"):

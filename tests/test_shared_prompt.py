@@ -1,4 +1,4 @@
-"""The shared-prompt forward equals MindFormers' forward over repeated [prompt | completion] rows: logits and the
+"""The shared-prompt forward equals the completions pass over repeated [prompt | completion] rows: logits and the
 gradients of a log-prob loss, in PyNative and GRAPH mode, with left padding, ragged completions and GQA; and
 ``recompute=True`` gives the same gradients."""
 import json
@@ -53,26 +53,26 @@ class SharedLoss(nn.Cell):
 
 
 class UnsharedLoss(nn.Cell):
+    """The same sum over ``[prompt | completion]`` rows (``rl_config.share_prompt: false``'s pass)."""
+
     def __init__(self, model):
         super().__init__(auto_prefix=False)
-        self.model = model
+        self.forward = model.completions(64)
 
     def construct(self, input_ids, attention_mask, completion_ids, weights):
-        hidden = self.model(input_ids, attention_mask)
-        logits = self.model.logits(hidden[:, P - 1:P + T - 1])
-        return (token_logprobs(logits, completion_ids) * weights).sum()
+        return (token_logprobs(self.forward(input_ids, attention_mask, completion_ids), completion_ids) * weights).sum()
 
 
 @pytest.fixture(scope="module")
 def actor(tiny_model_dir):
-    return build_model(tiny_model_dir, seq_length=64)
+    return build_model(tiny_model_dir)
 
 
 def test_logits_equal_the_unshared_forward(actor, ms_mode):
     prompt_ids, prompt_mask, completion_ids, completion_mask = batch()
     shared = SharedPromptForward(actor, G, 64)(Tensor(prompt_ids), Tensor(prompt_mask), Tensor(completion_ids))
     ids, mask = unshared(prompt_ids, prompt_mask, completion_ids, completion_mask)
-    expected = actor.logits(actor(ids, mask)[:, P - 1:P + T - 1]).asnumpy()
+    expected = actor.completions(64)(ids, mask, Tensor(completion_ids)).asnumpy()
     real = completion_mask.astype(bool)
     np.testing.assert_allclose(shared.asnumpy()[real], expected[real], rtol=0, atol=2e-5)
     assert np.abs(expected).max() > 0.1  # a real comparison, not zeros against zeros
@@ -96,8 +96,7 @@ def test_gradients_equal_the_unshared_forward(actor, ms_mode):
 @pytest.fixture(scope="module")
 def local_actor(tmp_path_factory):
     """A 3-layer GQA model made here (vocabulary above the batch's ids), so this test needs no ../shared."""
-    return build_model(make_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", layers=3, vocab=4096),
-                       seq_length=64)
+    return build_model(make_tiny_qwen2(tmp_path_factory.mktemp("tiny") / "model", layers=3, vocab=4096))
 
 
 def test_recompute_gives_the_same_gradients(local_actor, ms_mode):
@@ -122,9 +121,9 @@ def test_recompute_gives_the_same_gradients(local_actor, ms_mode):
         assert np.abs(gr - gs).max() <= 1e-6 * scale, param.name
 
 
-def test_config_demands_whole_groups_and_the_shared_forward_under_tensor_parallelism():
-    """The shared forward needs whole groups per micro-batch; tensor parallelism needs the shared forward (the
-    unshared one is MindFormers', which does not run on slices)."""
+def test_config_demands_whole_groups_only_of_the_shared_forward():
+    """The shared forward needs whole groups per micro-batch; unshared rows take any micro-batch size, at any
+    tensor-parallel degree (the completions pass runs on slices: tests/tp_worker.py)."""
     config = GRPOConfig()
     config.rl_config.num_generations = 8
     config.actor_config.micro_batch_size = 12
@@ -133,11 +132,7 @@ def test_config_demands_whole_groups_and_the_shared_forward_under_tensor_paralle
     with pytest.raises(ConfigError, match=validate_error):
         validate(config, check_paths=False)
     config.rl_config.share_prompt = False
-    with pytest.raises(ConfigError, match="set rl_config.share_prompt: true"):
-        validate(config, check_paths=False)
-    config.actor_config.parallel_config.model_parallel = 1
-    validate(config, check_paths=False)  # unshared rows take any micro-batch size
-
+    validate(config, check_paths=False)
 
 
 class TwoForwards(nn.Cell):
@@ -164,9 +159,9 @@ def test_layers_compile_once_yet_each_model_keeps_its_own_constants(tmp_path, ms
         folder = make_tiny_qwen2(tmp_path / f"eps{eps}", layers=3, vocab=4096)
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps(dict(config, rms_norm_eps=eps)))
-        models.append(build_model(folder, seq_length=64))
+        models.append(build_model(folder))
     both = TwoForwards(*models)(Tensor(prompt_ids), Tensor(prompt_mask), Tensor(completion_ids))
-    expected = [model.logits(model(ids, mask)[:, P - 1:P + T - 1]).asnumpy()[real] for model in models]
+    expected = [model.completions(64)(ids, mask, Tensor(completion_ids)).asnumpy()[real] for model in models]
     assert np.abs(expected[0] - expected[1]).max() > 1e-2  # the constant matters: a real test of the key
     for shared, reference in zip(both, expected):
         np.testing.assert_allclose(shared.asnumpy()[real], reference, rtol=0, atol=2e-5)

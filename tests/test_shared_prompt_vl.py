@@ -30,7 +30,7 @@ def ref(vl_reference):
 
 @pytest.fixture(scope="module")
 def model(vl_dir):
-    return build_model(vl_dir, seq_length=MAX_POSITIONS)
+    return build_model(vl_dir)
 
 
 def _i32(array):

@@ -82,6 +82,7 @@ def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path):
         assert result["logp"] <= 1e-5, result
         assert result["entropy"] <= 2e-5, result
         assert result["grad_rel"] <= 1e-5, result
+        assert result["unshared_logp"] <= 1e-5 and result["unshared_vs_shared"] <= 1e-5, result
         assert result["greedy_equal"] and result["sampled_equal"] and result["ragged_equal"], result
         assert len({tuple(row) for row in result["sampled_tokens"]}) > 1  # not a degenerate rollout
         lengths = sorted(result["ragged_lengths"])

@@ -1,6 +1,7 @@
 """msrun worker for the tensor-parallel parity tests (tests/test_tensor_parallel.py): every rank builds the full
-model (TP=1, no collectives) and its TP slice, and compares log-probs, entropies, gradients and rollouts (greedy,
-sampled, and ragged: rows ending at different steps, which compacts the decode batch on both ranks).
+model (TP=1, no collectives) and its TP slice, and compares log-probs, entropies, gradients (the shared-prompt
+pass), the log-probs of the completions pass (``share_prompt: false``) and rollouts (greedy, sampled, and ragged:
+rows ending at different steps, which compacts the decode batch on both ranks).
 
 Usage: msrun --worker_num=2 ... tp_worker.py OUT_DIR MODE MODEL_DIR [MODE MODEL_DIR ...]: each (mode, model) in
 turn in one launch (the process group is set up once), each writing OUT_DIR/rank{R}_{MODE}.json."""
@@ -34,7 +35,7 @@ def compare(model_dir: str, mode: str, out: Path, dist) -> None:
 
     full = build_model(model_dir)
     shard = build_model(model_dir, tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
-    layout = shard.tp_layout
+    layout = shard.layout
     vocab, g, t = full.spec.vocab_size, 4, 6
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, vocab - 3, (2, 8)).astype(np.int32)
@@ -84,6 +85,14 @@ def compare(model_dir: str, mode: str, out: Path, dist) -> None:
         scale = max(1e-3, float(np.abs(expected).max()))
         grad_err = max(grad_err, float(np.abs(piece - expected).max()) / scale)
     errors["grad_rel"] = grad_err
+    # rl_config.share_prompt: false: the completions pass over [prompt | completion] rows, on the slices too
+    rows = np.concatenate([np.repeat(prompt, g, 0), completion], 1)
+    row_mask = np.concatenate([np.repeat(mask, g, 0), np.ones_like(completion)], 1)
+    unshared = {name: CompletionLogProbs(model.completions(64), 0.7)(Tensor(rows), Tensor(row_mask),
+                                                                      Tensor(completion))[0].asnumpy()
+                for name, model in (("full", full), ("shard", shard))}
+    errors["unshared_logp"] = float(np.abs(unshared["shard"] - unshared["full"]).max())
+    errors["unshared_vs_shared"] = float(np.abs(unshared["full"] - results["full"]["logp"]).max())
     errors["shard_param_elements"] = int(sum(p.size for p in shard.trainable_params()))
     errors["full_param_elements"] = int(sum(p.size for p in full.trainable_params()))
 

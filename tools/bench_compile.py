@@ -45,7 +45,7 @@ def child(folder: str, setting: str, grads_out: str) -> None:
     if setting == "inlined":
         SharedPromptLayer.__init__ = SharedPromptLayer.__init__.__wrapped__
     ms.set_context(mode=ms.GRAPH_MODE)
-    model = build_model(folder, seq_length=32)
+    model = build_model(folder)
     forward = SharedPromptForward(model, G, 32)
 
     class Loss(nn.Cell):

@@ -45,7 +45,7 @@ def child(folder: str, recompute: bool, mode: str, grads_out: str) -> None:
     from mindgrpo.models import SharedPromptForward, build_model
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    model = build_model(folder, seq_length=P + T)
+    model = build_model(folder)
 
     class Loss(nn.Cell):
         def __init__(self):

@@ -312,8 +312,8 @@ class ShapesConfig:
     """Compute each prompt once per group in the reference, old-log-prob and training forwards: the prompt's
     completions attend to it (Prefix Grouper) instead of repeating it in every row. Same log-probs, far fewer
     tokens (prompts are ~60 % of GSM8K rows). Needs actor_config.micro_batch_size and
-    ref_config.ref_model_batch_size to be multiples of num_generations. Must be true with model_parallel > 1 (the
-    unshared path is MindFormers' forward, which does not run on tensor-parallel slices)."""
+    ref_config.ref_model_batch_size to be multiples of num_generations. false: every row is
+    ``[prompt | completion]`` (the model's ``completions`` pass)."""
 
 
 @dataclass

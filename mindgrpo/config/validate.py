@@ -214,10 +214,6 @@ def _layout_problems(config: GRPOConfig) -> List[str]:
     actor = config.actor_config.parallel_config
     problems: List[str] = []
     tensor_parallel = actor.model_parallel > 1
-    if tensor_parallel and not config.rl_config.share_prompt:
-        problems.append(f"rl_config.share_prompt: false with actor_config.parallel_config.model_parallel = "
-                        f"{actor.model_parallel}: the unshared forward is MindFormers', which does not run on "
-                        "tensor-parallel slices; set rl_config.share_prompt: true")
     sections = [("ref_config", config.ref_config.parallel_config)]
     backend = config.generate_config.backend
     if backend != "vllm":  # vllm reshards to its own model_parallel (checked with the backend's settings)

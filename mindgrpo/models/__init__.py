@@ -1,29 +1,28 @@
 """Qwen2.5 models: build from a Hugging Face folder, strict weight loading, export back, weight sync.
 
-Qwen2 lives in three modules, one role each (all over the same Parameters, so they agree to rounding and an
-optimizer step reaches every one of them):
+One Qwen2 type at every tensor-parallel degree, and MindFormers' own for one rollout backend:
 
 ===============================================  ===================================================================
 module                                           what it is, and when it runs
 ===============================================  ===================================================================
-:mod:`~mindgrpo.models.causal_lm`                MindFormers' ``LlamaForCausalLM`` configured as Qwen2, weights from
-                                                 the HF folder (``build_model``): it owns the Parameters. Its forward
-                                                 runs for training and scoring with ``rl_config.share_prompt: false``
-                                                 and in the ``mindformers`` rollout backend's ``generate``.
-:mod:`~mindgrpo.models.qwen2_blocks`             mindgrpo's own decoder math over those Parameters (no copy). It runs
-                                                 in the shared-prompt and packed forwards (the default for training and
-                                                 scoring, and the only one under tensor parallelism, where
-                                                 :mod:`~mindgrpo.models.qwen2_sharded` holds a rank's slices).
-:mod:`~mindgrpo.rollout.backends.native_graphs`  prefill and decode graphs with a KV cache, built on those blocks: the
-                                                 default ``native`` rollout engine.
+:mod:`~mindgrpo.models.qwen2`                    :class:`Qwen2Model` (``build_model``): a rank's weights, spec,
+                                                 layout and tensor-parallel group, and its passes as named methods.
+                                                 The actor, the reference and the native rollout engine are one.
+:mod:`~mindgrpo.models.qwen2_blocks`             the decoder math over a ``Qwen2Model``'s Parameters (no copy), which
+                                                 every pass runs: :mod:`~mindgrpo.models.full_sequence`,
+                                                 :mod:`~mindgrpo.models.shared_prompt`,
+                                                 :mod:`~mindgrpo.models.packed_prompt` and the native engine's
+                                                 prefill and decode (:mod:`mindgrpo.rollout.backends.native_graphs`).
+:mod:`~mindgrpo.models.causal_lm`                MindFormers' ``LlamaForCausalLM`` configured as Qwen2
+                                                 (``build_mindformers_model``): only the ``mindformers`` rollout
+                                                 backend's ``generate``, on a copy of the actor's weights.
 ===============================================  ===================================================================
 
-Qwen2.5-VL adds to the same math, not a fourth copy: :mod:`~mindgrpo.models.vision` (the vision tower),
+Qwen2.5-VL adds to the same math, not another copy: :mod:`~mindgrpo.models.vision` (the vision tower),
 :mod:`~mindgrpo.models.mrope` (its three-row positions, on the host), :mod:`~mindgrpo.models.image_tokens` (image
-features in place of ``<|image_pad|>``) and :mod:`~mindgrpo.models.full_sequence` (a plain full-sequence forward
-over :mod:`~mindgrpo.models.qwen2_blocks` with M-RoPE, checked against transformers' logits). The native rollout
-engine and the shared-prompt and packed forwards take their outputs; :mod:`mindgrpo.train.prompt_images` runs the
-tower in training.
+features in place of ``<|image_pad|>``) and :mod:`~mindgrpo.models.full_sequence` (checked against transformers'
+logits). The native rollout engine and the shared-prompt and packed forwards take their outputs;
+:mod:`mindgrpo.train.prompt_images` runs the tower in training.
 
 Every MindFormers import in mindgrpo is in :mod:`~mindgrpo.models.causal_lm` or reaches it through this package,
 and goes through :func:`mindgrpo._lean_import.lean_mindformers_import` (without the packages MindFormers loads only
@@ -34,7 +33,9 @@ several seconds on 2 cores.
 import importlib
 
 _EXPORTS = {
-    "mindgrpo.models.causal_lm": ("ROLES", "Qwen2CausalLM", "build_model"),
+    "mindgrpo.models.qwen2": ("ROLES", "Qwen2Model", "build_model"),
+    "mindgrpo.models.causal_lm": ("build_mindformers_model",),
+    "mindgrpo.models.full_sequence": ("CompletionForward", "FullSequenceForward"),
     "mindgrpo.models.export": ("export_hf",),
     "mindgrpo.hf_config": ("ModelConfigError", "Qwen2Spec", "qwen2_spec", "read_generation_config",
                                   "read_hf_config"),

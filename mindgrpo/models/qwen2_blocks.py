@@ -1,22 +1,20 @@
-"""mindgrpo's own Qwen2 decoder math, as MindSpore ops over the Parameters of the model that
-:func:`~mindgrpo.models.causal_lm.build_model` made.
+"""mindgrpo's Qwen2 decoder math, as MindSpore ops over the Parameters of a
+:class:`~mindgrpo.models.qwen2.Qwen2Model`.
 
-This is one of mindgrpo's three Qwen2s (the table is in :mod:`mindgrpo.models`): it owns no Parameters and no
-forward of its own. Its blocks run in the shared-prompt and packed forwards of training and scoring
-(:mod:`mindgrpo.models.shared_prompt`, :mod:`mindgrpo.models.packed_prompt`; the default, ``rl_config.share_prompt``)
-and in the native rollout engine's prefill and decode graphs (:mod:`mindgrpo.rollout.backends.native_graphs`), and
-they are the only forward of a tensor-parallel rank's slices (:class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`).
+The blocks own no Parameters and no forward of their own. They are the model's passes
+(:meth:`~mindgrpo.models.qwen2.Qwen2Model.full_sequence`, ``completions``, ``shared_prompt``, ``packed``) and the
+native rollout engine's prefill and decode graphs (:mod:`mindgrpo.rollout.backends.native_graphs`), at every
+tensor-parallel degree.
 
-:class:`Qwen2Weights` holds the very ``Parameter`` objects of a MindFormers ``LlamaForCausalLM`` configured as Qwen2
-(no copy: an optimizer step on the actor is seen by every Cell built on them, and gradients flow back to them).
-:class:`Qwen2Blocks` is the math as MindSpore ops: RMSNorm in float32, RoPE tables built like MindFormers'
-``FreqsMgr``, rotate-half RoPE, grouped-query attention with q/k/v bias and query head ``h`` reading KV head
-``h // (heads / kv_heads)``, SwiGLU MLP, tied or untied ``lm_head``, so results match the MindFormers forward.
+:class:`Qwen2Weights` holds the model's very ``Parameter`` objects (no copy: an optimizer step on the actor is seen
+by every Cell built on them, and gradients flow back to them). :class:`Qwen2Blocks` is the math as MindSpore ops:
+RMSNorm in float32, RoPE tables built like MindFormers' ``FreqsMgr``, rotate-half RoPE, grouped-query attention
+with q/k/v bias and query head ``h`` reading KV head ``h // (heads / kv_heads)``, SwiGLU MLP, tied or untied
+``lm_head``, so results match transformers' Qwen2 and MindFormers' ``LlamaForCausalLM`` (``tests/test_models.py``).
 For Qwen2.5-VL's language model (``DecoderSpec.mrope_section`` set) the blocks also take multimodal RoPE: 3-row
 t/h/w position ids, each row rotating its ``mrope_section`` share of the rotary dims (:meth:`Qwen2Blocks._mrope_rows`,
 as transformers' ``apply_multimodal_rotary_pos_emb``); 1-row positions keep the plain path unchanged.
-Masked attention scores get :data:`MASKED_SCORE` (:func:`mask_bias`), which MindFormers' forward in
-:mod:`mindgrpo.models.causal_lm` uses too.
+Masked attention scores get :data:`MASKED_SCORE` (:func:`mask_bias`).
 """
 from __future__ import annotations
 
@@ -29,6 +27,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.layers import TPComm, embed_lookup
 from mindgrpo.parallel.layout import TPLayout
 
@@ -54,7 +53,7 @@ def layer_fields(qkv_bias: bool) -> Tuple[str, ...]:
 
 @dataclass(frozen=True)
 class DecoderSpec:
-    """Shape and numerics of a Qwen2 decoder, read from the actor's MindFormers config."""
+    """Shape and numerics of a Qwen2 decoder as the graphs need them, from a :class:`Qwen2Model`."""
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -96,51 +95,25 @@ class DecoderSpec:
         return self.tp_layout.vocab_start if self.tp_layout else 0
 
 
-def find_causal_lm(actor: nn.Cell) -> nn.Cell:
-    """The MindFormers ``LlamaForCausalLM`` inside ``actor`` (the actor itself, or a wrapper holding it)."""
-    for _, cell in [("", actor)] + list(actor.cells_and_names()):
-        body = getattr(cell, "model", None)
-        if hasattr(cell, "lm_head") and body is not None and hasattr(body, "layers") \
-                and hasattr(body, "tok_embeddings") and hasattr(body, "norm_out"):
-            return cell
-    raise TypeError(f"{type(actor).__name__} is not a MindFormers LlamaForCausalLM configured as Qwen2 (nor a "
-                    "Cell containing one): the native rollout engine needs .model.layers, .model.tok_embeddings, "
-                    ".model.norm_out and .lm_head.")
-
-
-def decoder_weights(actor: nn.Cell) -> Tuple[DecoderSpec, List[Parameter]]:
-    """The decoder's spec and its Parameters (the actor's own objects) in graph order."""
-    lm = find_causal_lm(actor)
-    cfg, body = lm.config, lm.model
-    if getattr(cfg, "qkv_concat", False) or any(hasattr(layer.feed_forward, "w_gate_hidden")
-                                                  for layer in body.layers):
-        raise NotImplementedError("native rollout needs separate q/k/v and w1/w3 weights; build the actor with "
-                                  "qkv_concat=False")
-    if str(getattr(cfg, "extend_method", "None")) != "None":
-        raise NotImplementedError(f"native rollout implements plain RoPE; the actor uses extend_method="
-                                  f"{cfg.extend_method!r} (RoPE scaling)")
-    attn0 = body.layers[0].attention
-    if getattr(attn0.wo, "has_bias", False):
-        raise NotImplementedError("native rollout expects Qwen2's bias-free o_proj (attn_proj_has_bias=False)")
-    num_heads = int(cfg.num_heads)
-    layout = getattr(lm, "tp_layout", None)  # a Qwen2Shard: this rank's slices
+def decoder_weights(model: Qwen2Model) -> Tuple[DecoderSpec, List[Parameter]]:
+    """The decoder's spec and its Parameters (the model's own objects) in graph order."""
+    if not isinstance(model, Qwen2Model):
+        raise TypeError(f"{type(model).__name__} is not a mindgrpo Qwen2Model: build it with "
+                        "mindgrpo.models.build_model")
+    spec, body = model.spec, model.model
     spec = DecoderSpec(
-        vocab_size=int(cfg.vocab_size), hidden_size=int(cfg.hidden_size), num_layers=len(body.layers),
-        num_heads=num_heads, num_kv_heads=int(cfg.n_kv_heads or num_heads),
-        head_dim=int(cfg.hidden_size) // num_heads, rms_norm_eps=float(cfg.rms_norm_eps),
-        rope_theta=float(cfg.theta), qkv_bias=bool(attn0.wq.has_bias),
-        tp_layout=layout, tp_group=getattr(lm, "tp_group", ""),
-        # build_model attaches the HF spec; M-RoPE is not in MindFormers' config
-        mrope_section=tuple(getattr(getattr(lm, "spec", None), "mrope_section", ()) or ()))
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_hidden_layers,
+        num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads, head_dim=spec.head_dim,
+        rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta, qkv_bias=True, tp_layout=model.layout,
+        tp_group=model.group, mrope_section=tuple(spec.mrope_section))
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
-    params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, lm.lm_head.weight]
+    params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, model.lm_head.weight]
     for layer in body.layers:
         attn, ffn = layer.attention, layer.feed_forward
-        by_field = {"attention_norm": layer.attention_norm.weight, "wq": attn.wq.weight, "wk": attn.wk.weight,
-                    "wv": attn.wv.weight, "wo": attn.wo.weight, "ffn_norm": layer.ffn_norm.weight,
-                    "w1": ffn.w1.weight, "w2": ffn.w2.weight, "w3": ffn.w3.weight}
-        if spec.qkv_bias:
-            by_field.update(bq=attn.wq.bias, bk=attn.wk.bias, bv=attn.wv.bias)
+        by_field = {"attention_norm": layer.attention_norm.weight, "wq": attn.wq.weight, "bq": attn.wq.bias,
+                    "wk": attn.wk.weight, "bk": attn.wk.bias, "wv": attn.wv.weight, "bv": attn.wv.bias,
+                    "wo": attn.wo.weight, "ffn_norm": layer.ffn_norm.weight, "w1": ffn.w1.weight,
+                    "w2": ffn.w2.weight, "w3": ffn.w3.weight}
         params += [by_field[name] for name in layer_fields(spec.qkv_bias)]
     return spec, params
 
@@ -172,17 +145,15 @@ class Qwen2Weights:
     bfloat16 compute dtype on Ascend) are cast inside the graph at every use, the price of not keeping a copy.
     """
 
-    def __init__(self, actor: nn.Cell):
-        self.spec, params = decoder_weights(actor)
+    def __init__(self, model: Qwen2Model):
+        self.spec, params = decoder_weights(model)
         self.params = ParameterTuple(params)
         self.layer_base = len(_GLOBAL_FIELDS)  # index of layer 0's first weight in ``params``
         # A tied lm_head is read through the embedding's index: one Parameter read twice in a graph makes MindSpore
         # copy it (TensorMove), which CPU has no bfloat16 kernel for.
         self.lm_head_index = 0 if params[2] is params[0] else 2
         self.param_dtype = params[0].dtype
-        self.compute_dtype = getattr(find_causal_lm(actor).config, "compute_dtype", None) or self.param_dtype
-        if not isinstance(self.compute_dtype, ms.Type):
-            self.compute_dtype = getattr(ms, str(self.compute_dtype))
+        self.compute_dtype = getattr(ms, model.compute_dtype)
         # The dtype the embedding table is gathered in: MindSpore's CPU Gather has no bfloat16 kernel, so there a bf16
         # table is cast to the compute dtype first (a transient copy of the table per forward); Ascend gathers bf16.
         self.table_dtype = (self.compute_dtype if self.param_dtype == ms.bfloat16

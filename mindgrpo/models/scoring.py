@@ -7,7 +7,7 @@ makes to check a model (a fine-tuned export against its base, mindgrpo against t
 ``pixel_values`` and ``image_grid_thw`` (the image processor's outputs, ``mindgrpo.data.images`` or transformers')
 put the images in place of the ``<|image_pad|>`` tokens.
 
-It reuses the pieces the trainer is built from, nothing of its own: :func:`~mindgrpo.models.causal_lm.build_model`
+It reuses the pieces the trainer is built from, nothing of its own: :func:`~mindgrpo.models.qwen2.build_model`
 (the language model; a Qwen2.5-VL folder's config and weights in either layout),
 :func:`~mindgrpo.models.vision.build_vision_tower`, the full-sequence forward
 (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`) with M-RoPE positions from
@@ -30,7 +30,7 @@ import mindspore as ms
 from mindspore import Tensor, nn
 
 from mindgrpo.algorithm.logprobs import token_logprobs
-from mindgrpo.models.causal_lm import build_model
+from mindgrpo.models.qwen2 import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
 from mindgrpo.hf_config import check_dtype, qwen2_spec, read_hf_config
 from mindgrpo.models.image_tokens import image_source_rows

@@ -18,15 +18,15 @@ left-padded row. Qwen2.5-VL prompts come with their M-RoPE positions and image f
 The result is the float32 logits at the positions that predict each completion token (the prompt's last token for
 ``t = 0``), so the vocabulary is projected only where log-probs are needed. The math is
 :class:`~mindgrpo.models.qwen2_blocks.Qwen2Blocks` over the model's own Parameters, so gradients reach them and the
-log-probs equal the unshared MindFormers forward (``tests/test_shared_prompt.py``).
+log-probs equal the unshared forward over ``[prompt | completion]`` rows (``tests/test_shared_prompt.py``).
 
 The blocks are :class:`Qwen2Blocks`' row-major, table-free ones (see there why that matters for memory on CPU).
 Each decoder layer is its own small Cell (:class:`SharedPromptLayer`, over the same Parameters), so
 ``recompute=True`` (``actor_config.recompute``) can mark each one with ``Cell.recompute()``: the backward then keeps
 only every layer's input hidden state and recomputes one layer's activations at a time from it.
 
-Under tensor parallelism it runs each rank's slices (:class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`) with the
-collectives of :mod:`mindgrpo.parallel.layers`; it is then the only training forward.
+Under tensor parallelism it runs each rank's slices of a :class:`~mindgrpo.models.qwen2.Qwen2Model` with the
+collectives of :mod:`mindgrpo.parallel.layers`.
 """
 from __future__ import annotations
 

@@ -28,10 +28,8 @@ Loading is strict: every parameter of the network must come from the checkpoint,
 in the network, shapes must match, all checked from the headers before anything is read. Tensors are read one at a
 time and widened to the parameter dtype, so peak extra memory is one tensor, not a second model.
 
-Ascend, sharded networks: MindFormers creates every Parameter full-size. Loading full tensors before the
-network's first compile (what ``build_model`` does) lets MindSpore slice each one by its layout when it compiles
-(``mindspore.parallel._utils._slice_parameter``), so the same call loads the same full-size files for any layout,
-with no per-layout copy of the weights. Loading into an already-compiled (sliced) network is refused.
+Tensor-parallel ranks pass their :class:`~mindgrpo.parallel.layout.TPLayout` and read only their slices of the
+same full-size files, so one folder serves every layout with no per-layout copy of the weights.
 """
 from __future__ import annotations
 
@@ -39,7 +37,7 @@ import json
 import re
 from collections import defaultdict
 from pathlib import Path
-from typing import Dict, Mapping, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -47,6 +45,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor
 
 from mindgrpo.models.safetensors_io import SafetensorsReader
+from mindgrpo.parallel.layout import TPLayout
 
 PathLike = Union[str, Path]
 
@@ -190,26 +189,22 @@ def _check_names(params: Mapping[str, Parameter], available: Mapping[str, Tuple[
 
 
 def _assign(param: Parameter, array: np.ndarray) -> None:
-    """Set a full-size host array as the parameter's data, cast to the parameter's dtype."""
-    if param.sliced:
-        raise RuntimeError(f"{param.name} is already sliced for a parallel layout; load full weights before the "
-                           "network's first compile (build_model does), so MindSpore slices them by layout")
+    """Set a host array as the parameter's data, cast to the parameter's dtype."""
     tensor = Tensor.from_numpy(np.ascontiguousarray(array, dtype=np.float32))  # no copy: `array` is ours
     param.set_data(tensor if tensor.dtype == param.dtype else tensor.astype(param.dtype))
 
 
-def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike) -> None:
+def load_hf_weights(model: ms.nn.Cell, model_dir: PathLike, layout: Optional[TPLayout] = None) -> None:
     """Load a Hugging Face safetensors checkpoint (single file or sharded; F32/F16/BF16) into ``model``, strictly.
 
-    A tensor-parallel shard (a model with a ``tp_layout``, :class:`~mindgrpo.models.qwen2_sharded.Qwen2Shard`)
-    reads only its own slice of each tensor, from the same full-size files, so one folder serves every layout."""
+    With a tensor-parallel ``layout`` (a :class:`~mindgrpo.models.qwen2.Qwen2Model`'s own) the model reads only
+    its slice of each tensor, from the same full-size files, so one folder serves every layout."""
     stored_files = checkpoint_files(model_dir)
     stored = language_model_names(stored_files)  # Qwen2 name -> name in the files (they differ for Qwen2.5-VL)
     files = {name: stored_files[original] for name, original in stored.items()}
     readers = {path: SafetensorsReader(path) for path in set(files.values())}
     params = hf_parameters(model)
     tied = "lm_head.weight" not in params
-    layout = getattr(model, "tp_layout", None)
 
     def part(name: str):
         return None if layout is None else layout.shard(name, readers[files[name]].shape(stored[name]))
@@ -275,7 +270,7 @@ def sync_weights(src: ms.nn.Cell, dst: ms.nn.Cell) -> int:
         target = dst_params[name]
         if target is source:
             continue
-        if tuple(target.shape) != tuple(source.shape) or target.sliced != source.sliced:
+        if tuple(target.shape) != tuple(source.shape):
             raise CheckpointMismatchError(
                 f"sync_weights: {name} is {tuple(source.shape)} in src and {tuple(target.shape)} in dst; "
                 "sync_weights copies between models of the same layout only (it does not reshard)")

@@ -128,6 +128,9 @@ class RolloutEngine(Protocol):
     def sync_weights(self) -> None:
         """Make the next ``generate`` use the actor's current weights."""
 
+    def compiled_graphs(self) -> int:
+        """Graphs MindSpore has compiled in this process for the engine so far (the trainer's recompile count)."""
+
 
 EosIds = Union[int, Sequence[int]]
 

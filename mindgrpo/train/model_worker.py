@@ -28,12 +28,12 @@ from mindspore import Tensor, nn
 from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.hf_config import VL_MODEL_TYPES
-from mindgrpo.models import build_model, export_hf, hf_parameters, load_hf_weights
+from mindgrpo.models import build_model, export_hf, hf_parameters
+from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.models.export import export_hf_arrays
 from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
 from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
-from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train.optim import AdamW, learning_rate_at
@@ -56,11 +56,11 @@ class ModelWorker:
         # Under tensor parallelism each model is this rank's slices, read straight from the HF folder.
         tp = dict(tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
         self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
-                                 param_dtype=actor_cfg.param_dtype, seq_length=rl.seq_length, **tp)
+                                 param_dtype=actor_cfg.param_dtype, **tp)
         self.hf_config = self.actor.hf_config
         reference_dtype = Derived(config).reference_dtype
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
-                                      param_dtype=reference_dtype, seq_length=rl.seq_length, **tp)
+                                      param_dtype=reference_dtype, **tp)
                           if reference_dtype else None)
         self.engine = build_rollout_engine(
             config.generate_config.backend, self.actor, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
@@ -75,9 +75,7 @@ class ModelWorker:
         self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
         hf_name_of = {id(param): name for name, param in self._hf_params.items()}
         self.param_names = [hf_name_of[id(param)] for param in self.params]
-        self.layout = getattr(self.actor, "tp_layout", None) or TPLayout.for_hf_config(self.hf_config, 1, 0)
-        self.full_shapes = getattr(self.actor, "full_shapes", None) or {
-            name: tuple(param.shape) for name, param in self._hf_params.items()}
+        self.layout, self.full_shapes = self.actor.layout, self.actor.full_shapes
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
         self.settings = LossConfig.of(rl)
@@ -174,7 +172,7 @@ class ModelWorker:
     def load_weights(self, model_dir: Path) -> None:
         """The actor's weights from an HF folder; under mixed precision the fp32 masters restart from them (a resume
         then restores the exact masters with :meth:`load_optimizer`)."""
-        load_hf_weights(self.actor, model_dir)
+        self.actor.load_weights(model_dir)
         self.optimizer.sync_master_from_weights()
         if self.vision is not None:
             load_vision_weights(self.vision.tower, model_dir)
@@ -204,8 +202,7 @@ class ModelWorker:
         """Graphs MindSpore has compiled for this worker so far (its per-Cell compile caches and the engine's)."""
         cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs,
                  None if self.vision is None else self.vision.tower)
-        engine = getattr(self.engine, "compiled_graphs", lambda: 0)()
-        return engine + sum(len(cell.compile_cache) for cell in cells if cell is not None)
+        return self.engine.compiled_graphs() + sum(len(cell.compile_cache) for cell in cells if cell is not None)
 
     def precompile(self, rollouts: RolloutBatch) -> None:
         """Compile the training graphs for a batch shaped like ``rollouts`` (dummy tokens): the
@@ -380,7 +377,7 @@ class ModelWorker:
                 "rollout/is_ratio_mean": sums[1] / count}
 
 
-def prompt_vision(actor: nn.Cell, actor_cfg) -> PromptVision:
+def prompt_vision(actor: Qwen2Model, actor_cfg) -> PromptVision:
     """The frozen vision tower of a Qwen2.5-VL actor folder (``actor_config.freeze_vision_tower``: its Parameters
     have no gradient and no optimizer state; training it is refused by the config check)."""
     tower = build_vision_tower(actor_cfg.load, dtype=actor_cfg.compute_dtype)

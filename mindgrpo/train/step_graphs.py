@@ -23,7 +23,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
-from mindgrpo.models import PackedPromptForward, SharedPromptForward
+from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
@@ -31,24 +31,10 @@ from mindgrpo.train.optim import (AdamW, clip_scale, clip_to_norm, parameter_run
                                   squared_norm)
 
 
-class UnsharedForward(nn.Cell):
-    """MindFormers' forward over ``[prompt | completion]`` rows -> logits of the completion positions only."""
-
-    def __init__(self, model: nn.Cell):
-        super().__init__(auto_prefix=False)
-        self.model = model
-
-    def construct(self, input_ids, attention_mask, completion_ids):
-        hidden = self.model(input_ids, attention_mask)
-        seq, width = input_ids.shape[1], completion_ids.shape[1]
-        # The hidden state at position i predicts token i + 1: the completion is predicted from seq-width-1 on.
-        return self.model.logits(hidden[:, seq - width - 1: seq - 1])
-
-
 class CompletionLogProbs(nn.Cell):
     """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
-    :class:`~mindgrpo.models.SharedPromptForward` (each prompt once per group), :class:`UnsharedForward` or
-    :class:`~mindgrpo.models.PackedPromptForward` (packed rows). The forward's third input holds the tokens.
+    :meth:`~mindgrpo.models.qwen2.Qwen2Model.shared_prompt` (each prompt once per group), ``completions``
+    (``[prompt | completion]`` rows) or ``packed`` (packed rows). The forward's third input holds the tokens.
 
     Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
     the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.parallel.layers`), so
@@ -60,9 +46,8 @@ class CompletionLogProbs(nn.Cell):
     def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
-        comm = getattr(forward, "comm", None)
-        self.tensor_parallel = comm is not None and comm.size > 1
-        self.vocab_start = getattr(forward, "vocab_start", 0)
+        self.tensor_parallel = forward.comm.size > 1
+        self.vocab_start = forward.vocab_start
         if entropy_gradient and self.tensor_parallel:
             raise ValueError("the entropy bonus (rl_config.entropy_coef > 0) is not available with tensor "
                              "parallelism: the vocabulary-parallel entropy has no gradient")
@@ -82,16 +67,17 @@ class CompletionLogProbs(nn.Cell):
                 parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
 
 
-def completion_forward(model: nn.Cell, config: GRPOConfig, backward: bool = False) -> nn.Cell:
-    """The forward ``rl_config.share_prompt`` selects for ``model``. ``backward``: it is the actor's training
-    forward, so ``actor_config.recompute`` applies (scoring without a backward never recomputes)."""
+def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = False) -> nn.Cell:
+    """The pass of ``model`` that ``actor_config.max_tokens_per_micro_batch`` and ``rl_config.share_prompt``
+    select. ``backward``: it is the actor's training forward, so ``actor_config.recompute`` applies (scoring
+    without a backward never recomputes)."""
     rl = config.rl_config
     recompute = backward and config.actor_config.recompute
     if config.actor_config.max_tokens_per_micro_batch:
-        return PackedPromptForward(model, rl.seq_length, recompute=recompute)
+        return model.packed(rl.seq_length, recompute=recompute)
     if not rl.share_prompt:
-        return UnsharedForward(model)
-    return SharedPromptForward(model, rl.num_generations, rl.seq_length, recompute=recompute)
+        return model.completions(rl.seq_length)
+    return model.shared_prompt(rl.num_generations, rl.seq_length, recompute=recompute)
 
 
 class GRPOLossCell(nn.Cell):

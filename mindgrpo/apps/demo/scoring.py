@@ -41,18 +41,19 @@ def encode(tok, rows: Sequence[dict], with_answers: bool) -> Tuple[np.ndarray, .
 def window_functions(model):
     """Graph-mode helpers for `model`: `window(first)`, the [B, _WINDOW] positions from each row's `first` on
     (shifted left where they would run past the buffer), and `window_logits(ids, attention, first)`, the float32
-    logits [B, _WINDOW, V] there: only these positions are projected to the vocabulary."""
+    logits [B, _WINDOW, V] there."""
     from mindspore import ops
 
     offsets = ops.arange(_WINDOW).reshape(1, -1)
+    forward = model.full_sequence(SEQ_LENGTH)
 
     def window(first):
         return ops.minimum(first, SEQ_LENGTH - 1 - _WINDOW).reshape(-1, 1) + offsets
 
     def window_logits(ids, attention, first):
-        hidden = model(ids, attention)
-        where = ops.broadcast_to(window(first).expand_dims(-1), (-1, -1, hidden.shape[-1]))
-        return model.logits(ops.gather_elements(hidden, 1, where))
+        logits = forward(ids, attention)
+        where = ops.broadcast_to(window(first).expand_dims(-1), (-1, -1, logits.shape[-1]))
+        return ops.gather_elements(logits, 1, where)
 
     return window, window_logits
 

@@ -45,7 +45,7 @@ def warm_start(init_dir: Path, out_dir: Path, train: Sequence[dict], test: Seque
 
     start_time = time.perf_counter()
     tok = load_tokenizer(init_dir)
-    model = build_model(init_dir, role="actor", seq_length=SEQ_LENGTH)
+    model = build_model(init_dir, role="actor")
     config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
     optimizer = AdamW(model.trainable_params(), config)
     schedule = LRScheduleConfig(learning_rate=LEARNING_RATE, warmup_steps=WARMUP_STEPS)

@@ -47,7 +47,7 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     answer_mask = np.zeros(ids.shape, np.float32)
     answer_mask[:, prompt_len:] = 1.0
 
-    model = build_model(init_dir, role="actor", seq_length=length)
+    model = build_model(init_dir, role="actor")
     tower = build_vision_tower(init_dir)
     spec = model.spec
     pixels = [data.prompt_images(i) for i in range(len(data))]

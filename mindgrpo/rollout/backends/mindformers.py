@@ -21,7 +21,6 @@ compiles once per size.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, List, Optional, Sequence
 
 import numpy as np
@@ -30,8 +29,8 @@ from mindspore import Tensor, nn
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
                                   check_request, eos_tuple, generate_in_chunks, refuse_images)
+from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.rollout.backends.native import graph_mode
-from mindgrpo.models.qwen2_blocks import find_causal_lm
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
 
 _SEQ_STEP = 64
@@ -93,22 +92,22 @@ class _SharedProcessor:
 class MindFormersRolloutEngine:
     """Rollouts through MindFormers' ``generate`` on an inference copy of the actor."""
 
-    def __init__(self, actor: nn.Cell, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
+    def __init__(self, actor: Qwen2Model, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
                  max_batch_size: int = 32, inference_model: Optional[nn.Cell] = None):
         """
         Args:
             actor: the policy; its weights are copied into the inference cell by :meth:`sync_weights`.
-            inference_model: a prebuilt MindFormers ``LlamaForCausalLM`` (e.g. ``build_model(dir,
-                role="inference", seq_length=...)``); default: built from the actor's config on first use.
+            inference_model: a prebuilt MindFormers ``LlamaForCausalLM``
+                (:func:`~mindgrpo.models.causal_lm.build_mindformers_model`); default: built from the actor's
+                spec on first use.
             Other arguments as in :func:`mindgrpo.rollout.build_rollout_engine`.
         """
         self.actor = actor
-        self._actor_lm = find_causal_lm(actor)
         self.eos_ids = eos_tuple(eos_token_id)
         self.pad_token_id = int(pad_token_id)
         self.max_prompt_length = int(max_prompt_length)
         self.max_batch_size = int(max_batch_size)
-        self.vocab_size = int(self._actor_lm.config.vocab_size)
+        self.vocab_size = actor.spec.vocab_size
         self.model = inference_model
         self._owns_model = inference_model is None  # ours may be rebuilt longer; a caller's is never replaced
         if inference_model is not None:
@@ -119,6 +118,10 @@ class MindFormersRolloutEngine:
         if self.model is not None:
             from mindgrpo.models import sync_weights
             sync_weights(self.actor, self.model)
+
+    def compiled_graphs(self) -> int:
+        """MindFormers' ``generate`` runs its inference cell: the graphs in that cell's compile cache."""
+        return 0 if self.model is None else len(self.model.compile_cache)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
@@ -145,12 +148,12 @@ class MindFormersRolloutEngine:
             raise ValueError(f"the inference_model has seq_length={self.model.config.seq_length}, but this request "
                              f"needs {seq_length} (longest prompt + max_tokens, rounded up to {_SEQ_STEP}); build it "
                              "with a larger seq_length")
-        from mindformers.models.llama import LlamaForCausalLM
         from mindspore.nn.utils import no_init_parameters
 
-        config = copy.deepcopy(self._actor_lm.config)
-        config.seq_length = seq_length
-        config.use_past = False
+        from mindgrpo.models.causal_lm import LlamaForCausalLM, llama_config  # MindFormers, imported lean
+
+        dtype = self.actor.compute_dtype
+        config = llama_config(self.actor.spec, compute_dtype=dtype, param_dtype=dtype, seq_length=seq_length)
         with no_init_parameters():  # every weight is overwritten by sync_weights at once
             model = LlamaForCausalLM(config)
         model.set_train(False)

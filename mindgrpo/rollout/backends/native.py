@@ -67,7 +67,7 @@ from mindgrpo.algorithm.registry import DECODE_IMPLS, canonical
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import decode_position_ids, get_rope_index
-from mindgrpo.models.qwen2_blocks import find_causal_lm
+from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
                                   check_prompts, check_request, eos_tuple, generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
@@ -187,13 +187,13 @@ class _Bucket:
 class NativeRolloutEngine:
     """KV-cache rollouts that read the actor's Parameters directly (``sync_weights`` is a no-op)."""
 
-    def __init__(self, actor: nn.Cell, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
+    def __init__(self, actor: Qwen2Model, *, eos_token_id: EosIds, pad_token_id: int, max_prompt_length: int,
                  max_batch_size: int = 32, prompt_length_buckets: Optional[Sequence[int]] = None,
                  max_cached_buckets: int = 4, decode_impl: str = "fused", compact: bool = True,
                  min_decode_batch: int = 8):
         """
         Args:
-            actor: the policy (MindFormers ``LlamaForCausalLM`` configured as Qwen2, or a Cell holding one).
+            actor: the policy, a :class:`~mindgrpo.models.qwen2.Qwen2Model`.
             eos_token_id: id(s) that end a completion.
             pad_token_id: id used to pad completions (and left-pad prompts inside a bucket; masked, never seen).
             max_prompt_length: longest prompt accepted.
@@ -238,10 +238,9 @@ class NativeRolloutEngine:
         """Whether decoding uses the fused kernels (see ``decode_impl``)."""
         self.compact = bool(compact)
         self.min_decode_batch = int(min_decode_batch)
-        hf_spec = getattr(find_causal_lm(actor), "spec", None)  # build_model's Qwen2Spec: the image token ids
+        hf_spec = actor.spec
         self.image_tokens = ((hf_spec.image_token_id, hf_spec.vision_start_token_id, hf_spec.spatial_merge_size)
-                             if self.spec.mrope_section and getattr(hf_spec, "image_token_id", None) is not None
-                             else None)
+                             if hf_spec.mrope_section and hf_spec.image_token_id is not None else None)
         """(<|image_pad|>, <|vision_start|>, spatial_merge_size) of a Qwen2.5-VL actor; None for a text model."""
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0

@@ -49,8 +49,7 @@ class VllmRolloutEngine:
             gpu_memory_utilization, block_size, tensor_parallel_size, dtype, seed: vLLM's ``LLM`` arguments.
             llm_options: further keyword arguments for ``vllm.LLM``.
             train_layout: this rank's training :class:`~mindgrpo.parallel.layout.TPLayout` (the slices the
-                actor's Parameters hold); None means the actor's ``tp_layout``, or a full model (tensor parallel 1)
-                when it has none.
+                actor's Parameters hold); None means the actor's own ``layout``.
             gather: ``gather(hf_name, piece)`` -> the training tensor-parallel group's pieces in rank order; None
                 means :func:`mindgrpo.parallel.groups.all_gather` over that group.
             Other arguments as in :func:`mindgrpo.rollout.build_rollout_engine`.
@@ -59,12 +58,9 @@ class VllmRolloutEngine:
         if not model_dir:
             raise ValueError("the vllm backend needs model_dir: the Hugging Face folder vLLM loads the model from")
         from mindgrpo.parallel.groups import launched_by_msrun
-        from mindgrpo.models import read_hf_config
-        from mindgrpo.parallel.layout import TPLayout
 
         self.actor = actor
-        self.train_layout = (train_layout or getattr(actor, "tp_layout", None)
-                             or TPLayout.for_hf_config(read_hf_config(model_dir), 1, 0))
+        self.train_layout = train_layout or actor.layout
         self.gather = gather or _tp_gather(self.train_layout.tp)
         options = dict(llm_options or {})
         if launched_by_msrun():  # one vLLM rank per msrun process (MindRLHF's InferWorker does the same)
@@ -94,6 +90,10 @@ class VllmRolloutEngine:
                                "driver_worker.worker.model_runner); this vllm version is not supported for weight "
                                "sync") from err
         return getattr(runner.model, "network", runner.model)
+
+    def compiled_graphs(self) -> int:
+        """vLLM compiles and caches its graphs itself, outside the MindSpore Cells this process counts."""
+        return 0
 
     def sync_weights(self) -> None:
         """Reshard the actor's current weights into this process's vLLM rank."""

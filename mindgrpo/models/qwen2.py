@@ -1,0 +1,235 @@
+"""mindgrpo's Qwen2 model: one type at every tensor-parallel degree, which owns its weights, its shape
+(:class:`~mindgrpo.hf_config.Qwen2Spec`), its :class:`~mindgrpo.parallel.layout.TPLayout` (the whole model at
+``model_parallel`` 1) and its tensor-parallel group; :func:`build_model` makes it from a Hugging Face folder.
+
+No rank builds more than its slices (see :mod:`mindgrpo.parallel.layout` for which): :func:`build_model` fills them
+straight from the Hugging Face safetensors files, one tensor at a time, so a rank's resident weights are about
+``1/model_parallel`` of the model plus the replicated norms, and one HF folder serves every layout with no conversion.
+
+It holds weights, not a forward: its Cells mirror the attribute paths of MindFormers' ``LlamaForCausalLM``
+(``model.layers[i].attention.wq.weight``, ``model.tok_embeddings.embedding_weight``, ``lm_head.weight``, ...), so
+Parameter names, the HF name mapping and checkpoints are MindFormers', and MindFormers' own model (the
+``mindformers`` rollout backend, :mod:`mindgrpo.models.causal_lm`) takes a copy by name. Its passes are named
+methods, each a Cell over these very Parameters (no copy) running mindgrpo's Qwen2 math
+(:mod:`mindgrpo.models.qwen2_blocks`, with the collectives of :mod:`mindgrpo.parallel.layers`):
+:meth:`Qwen2Model.full_sequence`, :meth:`~Qwen2Model.completions`, :meth:`~Qwen2Model.shared_prompt` and
+:meth:`~Qwen2Model.packed`; the native rollout engine's prefill and decode graphs are built on the same blocks
+(:mod:`mindgrpo.rollout.backends.native_graphs`), beside the KV cache they own.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional, Union
+
+import numpy as np
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, nn
+
+from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
+from mindgrpo.models.weights import hf_parameters, load_hf_weights
+from mindgrpo.parallel.layout import TPLayout
+
+PathLike = Union[str, Path]
+ROLES = ("actor", "reference", "inference")
+INIT_STD = 0.02  # Qwen2's initializer_range: the random weights of load_weights=False
+
+
+class _Weight(nn.Cell):
+    """A Cell that only holds ``weight`` (and ``bias`` when given)."""
+
+    def __init__(self, weight: Parameter, bias: Optional[Parameter] = None):
+        super().__init__()
+        self.weight = weight
+        self.has_bias = bias is not None
+        if bias is not None:
+            self.bias = bias
+
+
+class _Embedding(nn.Cell):
+    def __init__(self, weight: Parameter):
+        super().__init__()
+        self.embedding_weight = weight
+
+
+class _Attention(nn.Cell):
+    def __init__(self, make, prefix: str):
+        super().__init__()
+        self.wq = _Weight(make(f"{prefix}.self_attn.q_proj.weight"), make(f"{prefix}.self_attn.q_proj.bias"))
+        self.wk = _Weight(make(f"{prefix}.self_attn.k_proj.weight"), make(f"{prefix}.self_attn.k_proj.bias"))
+        self.wv = _Weight(make(f"{prefix}.self_attn.v_proj.weight"), make(f"{prefix}.self_attn.v_proj.bias"))
+        self.wo = _Weight(make(f"{prefix}.self_attn.o_proj.weight"))
+
+
+class _FeedForward(nn.Cell):
+    def __init__(self, make, prefix: str):
+        super().__init__()
+        self.w1 = _Weight(make(f"{prefix}.mlp.gate_proj.weight"))
+        self.w2 = _Weight(make(f"{prefix}.mlp.down_proj.weight"))
+        self.w3 = _Weight(make(f"{prefix}.mlp.up_proj.weight"))
+
+
+class _Layer(nn.Cell):
+    def __init__(self, make, index: int):
+        super().__init__()
+        prefix = f"model.layers.{index}"
+        # MindFormers' order (the order of trainable_params(), which the global gradient norm sums in)
+        self.ffn_norm = _Weight(make(f"{prefix}.post_attention_layernorm.weight"))
+        self.attention_norm = _Weight(make(f"{prefix}.input_layernorm.weight"))
+        self.attention = _Attention(make, prefix)
+        self.feed_forward = _FeedForward(make, prefix)
+
+
+class _Body(nn.Cell):
+    def __init__(self, make, num_layers: int):
+        super().__init__()
+        self.tok_embeddings = _Embedding(make("model.embed_tokens.weight"))
+        self.layers = nn.CellList([_Layer(make, i) for i in range(num_layers)])
+        self.norm_out = _Weight(make("model.norm.weight"))
+
+
+def full_shapes(spec: Qwen2Spec) -> Mapping[str, tuple]:
+    """Every HF weight name of the model with its full shape (tied models: no ``lm_head.weight``)."""
+    h, d, i_size = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, h)}
+    for layer in range(spec.num_hidden_layers):
+        p = f"model.layers.{layer}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.q_proj.bias": (q,),
+            f"{p}.self_attn.k_proj.weight": (kv, h), f"{p}.self_attn.k_proj.bias": (kv,),
+            f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.v_proj.bias": (kv,),
+            f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.mlp.gate_proj.weight": (i_size, h), f"{p}.mlp.up_proj.weight": (i_size, h),
+            f"{p}.mlp.down_proj.weight": (h, i_size),
+        })
+    shapes["model.norm.weight"] = (h,)
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    return shapes
+
+
+def _random_value(hf_name: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """Qwen2's initialisation: norms 1, biases 0, matrices N(0, initializer_range)."""
+    if hf_name.endswith("norm.weight"):
+        return np.ones(shape, np.float32)
+    if hf_name.endswith(".bias"):
+        return np.zeros(shape, np.float32)
+    return rng.normal(0.0, INIT_STD, shape).astype(np.float32)
+
+
+class Qwen2Model(nn.Cell):
+    """A Qwen2 (or Qwen2.5-VL's language model) rank: this rank's slices in ``param_dtype`` under MindFormers'
+    names, and everything a caller needs to know about them.
+
+    * ``spec``: the architecture (:class:`~mindgrpo.hf_config.Qwen2Spec`); ``hf_config`` the ``config.json`` dict it
+      was read from (export writes it back).
+    * ``layout``: which slice of each HF tensor this rank holds (``layout.tp == 1``: all of it); ``group`` the
+      MindSpore communication group of its tensor-parallel ranks ("" at one rank).
+    * ``full_shapes``: every HF weight name with its full (unsliced) shape.
+    * ``role``: ``actor`` (trainable) or a frozen one (``reference``, ``inference``: no Parameter requires a
+      gradient, eval mode).
+    * ``compute_dtype``: the matmuls' dtype (``float32``, ``bfloat16``, ``float16``); weights stored in another
+      dtype are cast at use.
+
+    The Parameters start as zeros (calloc'd: untouched pages cost no memory), to be filled by
+    :func:`mindgrpo.models.weights.load_hf_weights` or :meth:`init_random`.
+    """
+
+    def __init__(self, spec: Qwen2Spec, hf_config: Mapping, layout: TPLayout, group: str = "", *, role: str,
+                 compute_dtype: str, param_dtype: str):
+        super().__init__()
+        if role not in ROLES:
+            raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
+        self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
+        self.full_shapes = dict(full_shapes(spec))
+        self.compute_dtype = check_dtype("compute_dtype", compute_dtype)
+        dtype = getattr(ms, check_dtype("param_dtype", param_dtype))
+
+        def make(hf_name: str) -> Parameter:
+            zeros = Tensor.from_numpy(np.zeros(layout.local_shape(hf_name, self.full_shapes[hf_name]), np.float32))
+            return Parameter(zeros if dtype == ms.float32 else zeros.astype(dtype))
+
+        self.model = _Body(make, spec.num_hidden_layers)
+        embedding = self.model.tok_embeddings.embedding_weight
+        self.lm_head = _Weight(embedding if spec.tie_word_embeddings else make("lm_head.weight"))
+        embedding.name = "model.tok_embeddings.embedding_weight"  # a tied head took it over: MindFormers' name
+        if role != "actor":
+            for param in self.get_parameters():
+                param.requires_grad = False
+            self.set_train(False)
+
+    def load_weights(self, model_dir: PathLike) -> None:
+        """This rank's slices of a Hugging Face folder's weights, strictly (every name and shape must match)."""
+        load_hf_weights(self, model_dir, self.layout)
+
+    def init_random(self, seed: int = 0) -> None:
+        """Random weights as Qwen2 initialises them (tests, benchmarks), drawn at full shape and sliced, so every
+        layout holds slices of the same model."""
+        rng = np.random.default_rng(seed)
+        for name, param in hf_parameters(self).items():
+            value = self.layout.take(name, _random_value(name, self.full_shapes[name], rng))
+            tensor = Tensor.from_numpy(np.ascontiguousarray(value))
+            param.set_data(tensor if param.dtype == ms.float32 else tensor.astype(param.dtype))
+
+    # ---------------------------------------------------------------------------------------------- passes
+    # Each pass module imports this one (its Cells read a Qwen2Model), so they are imported when a pass is built.
+    def full_sequence(self, max_positions: int) -> nn.Cell:
+        """Every position of padded rows: ``(input_ids, attention_mask, position_ids=None, image_features=None,
+        image_rows=None)`` -> float32 logits ``[B, S, V]`` (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`)."""
+        from mindgrpo.models.full_sequence import FullSequenceForward
+
+        return FullSequenceForward(self, max_positions)
+
+    def completions(self, max_positions: int) -> nn.Cell:
+        """``[prompt | completion]`` rows: ``(input_ids, attention_mask, completion_ids)`` -> the completions' logits
+        (:class:`~mindgrpo.models.full_sequence.CompletionForward`)."""
+        from mindgrpo.models.full_sequence import CompletionForward
+
+        return CompletionForward(self, max_positions)
+
+    def shared_prompt(self, num_generations: int, max_positions: int, recompute: bool = False) -> nn.Cell:
+        """Each group's prompt once, its completions attending to it
+        (:class:`~mindgrpo.models.shared_prompt.SharedPromptForward`)."""
+        from mindgrpo.models.shared_prompt import SharedPromptForward
+
+        return SharedPromptForward(self, num_generations, max_positions, recompute=recompute)
+
+    def packed(self, max_positions: int, recompute: bool = False) -> nn.Cell:
+        """Several groups' prompts and completions packed into fixed rows
+        (:class:`~mindgrpo.models.packed_prompt.PackedPromptForward`)."""
+        from mindgrpo.models.packed_prompt import PackedPromptForward
+
+        return PackedPromptForward(self, max_positions, recompute=recompute)
+
+
+def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
+                param_dtype: str | None = None, load_weights: bool = True, tp_rank: int = 0, tp_size: int = 1,
+                tp_group: str = "") -> Qwen2Model:
+    """A :class:`Qwen2Model` from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
+
+    Roles: ``actor`` is trainable; ``reference`` and ``inference`` are frozen (no trainable Parameters, no
+    optimizer state, no gradients) and in eval mode.
+
+    Parameters are in ``param_dtype``: by default float32 for the actor (``bfloat16`` keeps its fp32 master copy
+    in the optimizer, :class:`mindgrpo.train.optim.AdamW`) and ``compute_dtype`` for the frozen roles (half the
+    memory with a 16-bit compute dtype).
+
+    Tensor parallelism (``tp_size > 1``, rank ``tp_rank`` of the MindSpore group ``tp_group``): the model holds
+    only this rank's slices, read straight from the same folder. With ``load_weights=False`` the weights are
+    random (:meth:`Qwen2Model.init_random`).
+    """
+    check_dtype("compute_dtype", compute_dtype)
+    if param_dtype is None:
+        param_dtype = "float32" if role == "actor" else compute_dtype
+    hf_config = read_hf_config(model_dir)
+    spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
+    model = Qwen2Model(spec, hf_config, TPLayout.for_hf_config(hf_config, tp_size, tp_rank), tp_group, role=role,
+                       compute_dtype=compute_dtype, param_dtype=param_dtype)
+    if load_weights:
+        model.load_weights(model_dir)  # each tensor replaces its zeros, one at a time
+    else:
+        model.init_random()
+    return model
