@@ -111,9 +111,13 @@ def full_shapes(spec: Qwen2Spec) -> Mapping[str, tuple]:
     return shapes
 
 
+def is_norm(hf_name: str) -> bool:
+    return hf_name.endswith("norm.weight")
+
+
 def _random_value(hf_name: str, shape: tuple, rng: np.random.Generator) -> np.ndarray:
     """Qwen2's initialisation: norms 1, biases 0, matrices N(0, initializer_range)."""
-    if hf_name.endswith("norm.weight"):
+    if is_norm(hf_name):
         return np.ones(shape, np.float32)
     if hf_name.endswith(".bias"):
         return np.zeros(shape, np.float32)
@@ -129,6 +133,7 @@ class Qwen2Model(nn.Cell):
     * ``layout``: which slice of each HF tensor this rank holds (``layout.tp == 1``: all of it); ``group`` the
       MindSpore communication group of its tensor-parallel ranks ("" at one rank).
     * ``full_shapes``: every HF weight name with its full (unsliced) shape.
+    * Parameters are in ``param_dtype``, RMSNorm scales always in float32.
     * ``role``: ``actor`` (trainable) or a frozen one (``reference``, ``inference``: no Parameter requires a
       gradient, eval mode).
     * ``compute_dtype``: the matmuls' dtype (``float32``, ``bfloat16``, ``float16``); weights stored in another
@@ -150,7 +155,8 @@ class Qwen2Model(nn.Cell):
 
         def make(hf_name: str) -> Parameter:
             zeros = Tensor.from_numpy(np.zeros(layout.local_shape(hf_name, self.full_shapes[hf_name]), np.float32))
-            return Parameter(zeros if dtype == ms.float32 else zeros.astype(dtype))
+            # RMSNorm scales stay float32 in every dtype (as MindFormers keeps them): a few KB, and exact
+            return Parameter(zeros if dtype == ms.float32 or is_norm(hf_name) else zeros.astype(dtype))
 
         self.model = _Body(make, spec.num_hidden_layers)
         embedding = self.model.tok_embeddings.embedding_weight
