@@ -131,6 +131,7 @@ def test_vl_training_forwards_score_what_the_rollout_sampled(vl_run, geo3k_promp
     actor's log-probs of the same completions computed as the step computes them, packed (the run's path) and
     shared-prompt: image features in their slots, completions at positions P + rope_delta + t."""
     from mindgrpo.models import SharedPromptForward
+    from mindgrpo.train.step_batch import step_batch
     from mindgrpo.train.step_graphs import CompletionLogProbs
 
     trainer = vl_run["trainer"]
@@ -142,7 +143,7 @@ def test_vl_training_forwards_score_what_the_rollout_sampled(vl_run, geo3k_promp
     temperature = trainer.config.generate_config.sampling_config.temperature
     packed = worker.actor_logprobs(rollouts)
     shared = CompletionLogProbs(SharedPromptForward(worker.actor, g, trainer.config.rl_config.seq_length), temperature)
-    logp, _ = shared(*worker._model_inputs(rollouts, 0, len(rollouts.completion_ids)))
+    logp, _ = shared(step_batch(worker._model_inputs(rollouts, 0, len(rollouts.completion_ids))))
     for name, scored in (("packed", packed), ("shared", logp.asnumpy())):
         error = np.abs(scored - sampled)[real].max()
         assert error < 1e-4, f"{name}: max |actor log-prob - rollout log-prob| = {error:.3g}"

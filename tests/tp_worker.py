@@ -29,6 +29,7 @@ def main() -> None:
 
 def compare(model_dir: str, mode: str, out: Path, dist) -> None:
     from mindgrpo.models import SharedPromptForward, build_model, hf_parameters
+    from mindgrpo.train.step_batch import step_batch
     from mindgrpo.train.step_graphs import CompletionLogProbs
     from mindgrpo.rollout import SamplingParams
     from mindgrpo.rollout.backends.native import NativeRolloutEngine
@@ -43,15 +44,15 @@ def compare(model_dir: str, mode: str, out: Path, dist) -> None:
     mask[1, :3] = 0  # left padding
     completion = rng.integers(0, vocab, (2 * g, t)).astype(np.int32)
     weights = Tensor(rng.standard_normal((2 * g, t)).astype(np.float32))
-    inputs = (Tensor(prompt), Tensor(mask), Tensor(completion))
+    inputs = (step_batch({"prompt_ids": prompt, "prompt_mask": mask, "completion_ids": completion}),)
 
     class Objective(nn.Cell):
         def __init__(self, model):
             super().__init__(auto_prefix=False)
             self.logprobs = CompletionLogProbs(SharedPromptForward(model, g, 64), 0.7)
 
-        def construct(self, p, m, c, w):
-            logp, entropy = self.logprobs(p, m, c)
+        def construct(self, batch, w):
+            logp, entropy = self.logprobs(batch)
             return (logp * w).sum(), logp, entropy
 
     results = {}
@@ -88,8 +89,8 @@ def compare(model_dir: str, mode: str, out: Path, dist) -> None:
     # rl_config.share_prompt: false: the completions pass over [prompt | completion] rows, on the slices too
     rows = np.concatenate([np.repeat(prompt, g, 0), completion], 1)
     row_mask = np.concatenate([np.repeat(mask, g, 0), np.ones_like(completion)], 1)
-    unshared = {name: CompletionLogProbs(model.completions(64), 0.7)(Tensor(rows), Tensor(row_mask),
-                                                                      Tensor(completion))[0].asnumpy()
+    unshared_batch = step_batch({"input_ids": rows, "attention_mask": row_mask, "completion_ids": completion})
+    unshared = {name: CompletionLogProbs(model.completions(64), 0.7)(unshared_batch)[0].asnumpy()
                 for name, model in (("full", full), ("shard", shard))}
     errors["unshared_logp"] = float(np.abs(unshared["shard"] - unshared["full"]).max())
     errors["unshared_vs_shared"] = float(np.abs(unshared["full"] - results["full"]["logp"]).max())

@@ -391,7 +391,8 @@ def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_head
         if pp > 1:
             problems.append(f"{key}.pipeline_stage = {pp}: pipeline parallelism is not implemented; use "
                             "model_parallel (tensor parallel) x data_parallel (see `python -m mindgrpo plan`)")
-        # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
+        # The layout object the planner, the doctor and the model use (pure numpy); imported here because config
+        # is the leaf every other package reads, and a module-level import would make it read theirs.
         from mindgrpo.parallel.layout import TPLayout  # noqa: PLC0415
 
         layout = TPLayout(tp=mp, rank=0, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=1,

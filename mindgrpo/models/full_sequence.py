@@ -67,6 +67,9 @@ class CompletionForward(FullSequenceForward):
     those positions are projected to the vocabulary. The forward of training and scoring with
     ``rl_config.share_prompt: false``."""
 
+    INPUTS = ("input_ids", "attention_mask", "completion_ids")
+    """The names of the inputs, for :mod:`mindgrpo.train.step_batch`."""
+
     def construct(self, input_ids, attention_mask, completion_ids):
         b, s = input_ids.shape
         width = completion_ids.shape[1]

@@ -48,6 +48,10 @@ class PackedPromptForward(PromptBlocks):
             for layer in self.layers:
                 layer.recompute()
 
+    INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "positions", "segments", "row_prompt", "source",
+              "prompt_positions", "image_features", "image_rows")
+    """The names of the inputs, for :mod:`mindgrpo.train.step_batch`."""
+
     def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
                   prompt_positions=None, image_features=None, image_rows=None):
         r, w = completion_ids.shape

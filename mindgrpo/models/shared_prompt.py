@@ -87,6 +87,10 @@ class SharedPromptForward(PromptBlocks):
             for layer in self.layers:
                 layer.recompute()
 
+    INPUTS = ("prompt_ids", "prompt_mask", "completion_ids", "prompt_positions", "rope_deltas", "image_features",
+              "image_rows")
+    """The names of the inputs, for :mod:`mindgrpo.train.step_batch`."""
+
     def construct(self, prompt_ids, prompt_mask, completion_ids, prompt_positions=None, rope_deltas=None,
                   image_features=None, image_rows=None):
         ng, p = prompt_ids.shape

@@ -41,6 +41,7 @@ from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metad
 from mindgrpo.train.packing import MicroBatch, micro_batches
 from mindgrpo.train.prompt_images import PromptVision, VisionBatch
 from mindgrpo.train.rollout_batch import RolloutBatch
+from mindgrpo.train.step_batch import step_batch
 from mindgrpo.train.step_graphs import (AccumulateGradients, ApplyGradients, CompletionLogProbs, GRPOLossCell,
                                         PackedLossCell, ReduceAndClip, completion_forward, gradient_buffers)
 
@@ -213,8 +214,8 @@ class ModelWorker:
         if self.config.rl_config.num_iterations > 1 or self.config.rl_config.steps_per_generation > 1:
             self.actor_logprobs(rollouts)
         zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
-        inputs, _ = next(self._loss_inputs(rollouts, zeros[:, 0], zeros, zeros, zeros, global_tokens=1.0))
-        self._accumulate(*inputs)
+        batch, _ = next(self._loss_batches(rollouts, zeros[:, 0], zeros, zeros, zeros, global_tokens=1.0))
+        self._accumulate(batch)
         self._drop_gradients()
 
     def precompile_vision(self, patch_counts: Sequence[int]) -> None:
@@ -238,49 +239,51 @@ class ModelWorker:
         if self.pack_rows:  # log-probs of the packed rows, put back in place (0 on padding)
             out = np.zeros(rollouts.completion_mask.shape, np.float32)
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
-                logp, _ = cell(*self._packed_inputs(rollouts, batch))
+                logp, _ = cell(step_batch(self._packed_inputs(rollouts, batch)))
                 loss_rows, tokens = np.nonzero(batch.mask)
                 out[batch.completions[loss_rows], tokens] = logp.asnumpy().reshape(-1)[batch.unpack[loss_rows, tokens]]
             return out
         out = []
         for start in range(0, len(rollouts.completion_ids), chunk):
-            logp, _ = cell(*self._model_inputs(rollouts, start, chunk))
+            logp, _ = cell(step_batch(self._model_inputs(rollouts, start, chunk)))
             out.append(logp.asnumpy())
         return np.concatenate(out)
 
-    def _model_inputs(self, rollouts: RolloutBatch, start: int, count: int):
-        """The forward's three inputs for completions [start, start + count): shared, their prompts
-        ``[count / num_generations, P]`` once each; unshared, ``[prompt | completion]`` rows."""
+    def _model_inputs(self, rollouts: RolloutBatch, start: int, count: int) -> Dict[str, np.ndarray]:
+        """The pass inputs of completions [start, start + count) (:mod:`mindgrpo.train.step_batch`): shared,
+        their prompts ``[count / num_generations, P]`` once each (and a Qwen2.5-VL batch's image inputs);
+        unshared, ``[prompt | completion]`` rows."""
         num_generations = self.config.rl_config.num_generations
         rows = slice(start, start + count)
-        if self.config.rl_config.share_prompt:
-            prompts = slice(start // num_generations, (start + count) // num_generations)
-            prompt, mask = rollouts.prompt_ids[prompts], rollouts.prompt_mask[prompts]
-            if rollouts.vision is not None:
-                vision = rollouts.vision.forward_inputs(np.arange(len(rollouts.prompt_ids))[prompts], prompt,
-                                                        with_deltas=True)
-                return (Tensor(prompt), Tensor(mask), Tensor(rollouts.completion_ids[rows]), *vision)
-        else:
+        completion_ids = rollouts.completion_ids[rows]
+        if not self.config.rl_config.share_prompt:
             of_row = np.arange(len(rollouts.completion_ids))[rows] // num_generations
-            prompt = np.concatenate([rollouts.prompt_ids[of_row], rollouts.completion_ids[rows]], 1)
-            mask = np.concatenate([rollouts.prompt_mask[of_row], rollouts.completion_mask[rows]], 1)
-        return Tensor(prompt), Tensor(mask), Tensor(rollouts.completion_ids[rows])
+            return {"input_ids": np.concatenate([rollouts.prompt_ids[of_row], completion_ids], 1),
+                    "attention_mask": np.concatenate([rollouts.prompt_mask[of_row], rollouts.completion_mask[rows]], 1),
+                    "completion_ids": completion_ids}
+        prompts = slice(start // num_generations, (start + count) // num_generations)
+        prompt = rollouts.prompt_ids[prompts]
+        fields = {"prompt_ids": prompt, "prompt_mask": rollouts.prompt_mask[prompts], "completion_ids": completion_ids}
+        if rollouts.vision is not None:
+            fields.update(rollouts.vision.forward_inputs(np.arange(len(rollouts.prompt_ids))[prompts], prompt,
+                                                         with_deltas=True))
+        return fields
 
     @staticmethod
-    def _packed_inputs(rollouts: RolloutBatch, batch: MicroBatch):
-        """The packed forward's seven inputs for one micro-batch (see mindgrpo.train.packing.MicroBatch), then a
-        Qwen2.5-VL batch's three vision inputs for its slots."""
+    def _packed_inputs(rollouts: RolloutBatch, batch: MicroBatch) -> Dict[str, np.ndarray]:
+        """The packed pass's inputs of one micro-batch (see mindgrpo.train.packing.MicroBatch), and a Qwen2.5-VL
+        batch's image inputs for its slots."""
         prompt = rollouts.prompt_ids[batch.prompts]
-        inputs = (Tensor(prompt), Tensor(rollouts.prompt_mask[batch.prompts]),
-                  Tensor(batch.completion_ids), Tensor(batch.positions), Tensor(batch.segments),
-                  Tensor(batch.row_prompt), Tensor(batch.source))
-        if rollouts.vision is None:
-            return inputs
-        return inputs + rollouts.vision.forward_inputs(batch.prompts, prompt, with_deltas=False)
+        fields = {"prompt_ids": prompt, "prompt_mask": rollouts.prompt_mask[batch.prompts],
+                  "completion_ids": batch.completion_ids, "positions": batch.positions, "segments": batch.segments,
+                  "row_prompt": batch.row_prompt, "source": batch.source}
+        if rollouts.vision is not None:
+            fields.update(rollouts.vision.forward_inputs(batch.prompts, prompt, with_deltas=False))
+        return fields
 
-    def _loss_inputs(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray,
-                     sampling: np.ndarray, *, global_tokens: float):
-        """Each micro-batch's loss-cell inputs and its active tokens. ``global_tokens``: the step's active tokens
+    def _loss_batches(self, rollouts: RolloutBatch, advantages: np.ndarray, old: np.ndarray, ref: np.ndarray,
+                      sampling: np.ndarray, *, global_tokens: float):
+        """Each micro-batch's named batch (:mod:`mindgrpo.train.step_batch`) and its active tokens. ``global_tokens``: the step's active tokens
         on all ranks (dapo's normaliser). ``sampling``: the rollout engine's log-probs (``rollouts.sampling_logp``),
         zeros when the engine gave none (the loss reads them only under rl_config.rollout_correction)."""
         micro = self.config.actor_config.micro_batch_size
@@ -294,17 +297,17 @@ class ModelWorker:
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
                 rows = batch.completions
                 mask = batch.mask * in_loss[rows][:, None]
-                packed = self._packed_inputs(rollouts, batch)  # a VL batch's vision inputs go last in the loss cell
-                yield ((*packed[:7], Tensor(batch.unpack), Tensor(mask), Tensor(advantages[rows]), Tensor(old[rows]),
-                        Tensor(ref[rows]), Tensor(sampling[rows]), Tensor(weights[rows]), *packed[7:]),
+                yield (step_batch({**self._packed_inputs(rollouts, batch), "unpack": batch.unpack, "loss_mask": mask,
+                                   "advantages": advantages[rows], "old_logp": old[rows], "ref_logp": ref[rows],
+                                   "sampling_logp": sampling[rows], "row_weights": weights[rows]}),
                        int(mask.sum()))
             return
         num_items = Tensor(max(1.0, global_tokens), ms.float32)
         for start in range(0, len(rollouts.completion_ids), micro):
             rows = slice(start, start + micro)
-            model = self._model_inputs(rollouts, start, micro)  # a VL batch's vision inputs go last in the loss cell
-            yield ((*model[:3], Tensor(loss_mask[rows]), Tensor(advantages[rows]), Tensor(old[rows]),
-                    Tensor(ref[rows]), Tensor(sampling[rows]), num_items, *model[3:]),
+            yield (step_batch({**self._model_inputs(rollouts, start, micro), "loss_mask": loss_mask[rows],
+                               "advantages": advantages[rows], "old_logp": old[rows], "ref_logp": ref[rows],
+                               "sampling_logp": sampling[rows], "num_items": num_items}),
                    int(loss_mask[rows].sum()))
 
     def update(self, rollouts: RolloutBatch, advantages: np.ndarray, old_logp: Optional[np.ndarray],
@@ -332,9 +335,9 @@ class ModelWorker:
             sums: Dict[str, float] = {}
             # No collective runs per micro-batch (only tensor-parallel ones, within identical ranks), so
             # data-parallel ranks may take different numbers of packed micro-batches.
-            for inputs, tokens in self._loss_inputs(rollouts, advantages.astype(np.float32), old, ref, sampling,
+            for batch, tokens in self._loss_batches(rollouts, advantages.astype(np.float32), old, ref, sampling,
                                                     global_tokens=global_tokens):
-                loss, metrics, entropy, micro_gap = self._accumulate(*inputs)
+                loss, metrics, entropy, micro_gap = self._accumulate(batch)
                 if iteration == 0:
                     micro_gap = micro_gap.asnumpy().astype(np.float64)
                     gap = np.array([gap[0] + micro_gap[0], max(gap[1], micro_gap[1]), gap[2] + micro_gap[2]])

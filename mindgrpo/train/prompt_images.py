@@ -23,7 +23,6 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from mindspore import Tensor
 
 from mindgrpo.data.dataset import PromptImagePixels
 from mindgrpo.models.image_tokens import image_source_rows
@@ -110,14 +109,16 @@ class VisionBatch:
         """int [B]: the position of each prompt's first completion token (prompts padded to ``width``)."""
         return width + self.rope_deltas.astype(np.int64)
 
-    def forward_inputs(self, prompts: np.ndarray, prompt_ids: np.ndarray, *, with_deltas: bool):
+    def forward_inputs(self, prompts: np.ndarray, prompt_ids: np.ndarray, *, with_deltas: bool) -> dict:
         """The vision inputs of a forward over the prompts ``prompts`` (indices into the batch, repeats allowed),
-        whose token rows are ``prompt_ids [S, P]``: M-RoPE positions ``[3, S, P]``, (the shared-prompt forward's)
-        ``rope_deltas [S]``, features ``[S * P, hidden]`` (real rows first) and ``image_rows [S * P]``."""
+        whose token rows are ``prompt_ids [S, P]``, by their names in the pass (:mod:`mindgrpo.train.step_batch`):
+        M-RoPE ``prompt_positions [3, S, P]``, (the shared-prompt forward's) ``rope_deltas [S]``,
+        ``image_features [S * P, hidden]`` (real rows first) and ``image_rows [S * P]``."""
         s, p = prompt_ids.shape
         real = np.concatenate([self.features[i] for i in prompts])
         features = np.zeros((s * p, real.shape[1]), np.float32)
         features[:len(real)] = real
         rows = image_source_rows(prompt_ids, self.image_token_id, len(real))
-        deltas = (Tensor(self.rope_deltas[prompts]),) if with_deltas else ()
-        return (Tensor(np.ascontiguousarray(self.positions[:, prompts])), *deltas, Tensor(features), Tensor(rows))
+        deltas = {"rope_deltas": self.rope_deltas[prompts]} if with_deltas else {}
+        return {"prompt_positions": np.ascontiguousarray(self.positions[:, prompts]), **deltas,
+                "image_features": features, "image_rows": rows}

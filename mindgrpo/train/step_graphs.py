@@ -1,7 +1,7 @@
 """The compiled pieces of a GRPO step, as MindSpore Cells: forwards, log-probs, the loss, and the gradient update.
 
-:class:`mindgrpo.train.model_worker.ModelWorker` builds them once per run and feeds them numpy batches; each
-compiles once per input shape in GRAPH mode.
+:class:`mindgrpo.train.model_worker.ModelWorker` builds them once per run and feeds each a micro-batch as one named
+batch (:mod:`mindgrpo.train.step_batch`); each compiles once per input shape in GRAPH mode.
 
 * ``completion_forward`` picks the forward over ``[prompt | completion]`` rows (shared prompt, unshared or packed),
   which projects only the completion positions to the vocabulary (logits are the largest tensor: Qwen2.5's
@@ -27,6 +27,7 @@ from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
+from mindgrpo.train.step_batch import pass_inputs
 from mindgrpo.train.optim import (AdamW, clip_scale, clip_to_norm, parameter_runs, scale_in_place,
                                   squared_norm)
 
@@ -46,6 +47,7 @@ class CompletionLogProbs(nn.Cell):
     def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
+        self.input_names = forward.INPUTS
         self.tensor_parallel = forward.comm.size > 1
         self.vocab_start = forward.vocab_start
         if entropy_gradient and self.tensor_parallel:
@@ -53,9 +55,9 @@ class CompletionLogProbs(nn.Cell):
                              "parallelism: the vocabulary-parallel entropy has no gradient")
         self.entropy_gradient = entropy_gradient
 
-    def construct(self, *inputs):
-        logits = self.forward(*inputs)
-        completion_ids = inputs[2]
+    def construct(self, batch):
+        logits = self.forward(*pass_inputs(self.input_names, batch))
+        completion_ids = batch["completion_ids"]
         if not self.tensor_parallel:
             return (token_logprobs(logits, completion_ids, self.temperature),
                     token_entropy(logits, self.temperature, keep_gradient=self.entropy_gradient))
@@ -91,22 +93,18 @@ class GRPOLossCell(nn.Cell):
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
         self.max_completion_length = max_completion_length
 
-    def construct(self, prompt_part, prompt_mask, completion_ids, completion_mask, advantages, old_logp, ref_logp,
-                  sampling_logp, num_items, *vision):
-        """``vision``: a Qwen2.5-VL micro-batch's extra shared-forward inputs (M-RoPE positions, rope deltas,
-        image features, image rows: :meth:`mindgrpo.train.prompt_images.VisionBatch.forward_inputs`); empty for
-        text."""
-        logp, entropy = self.logprobs(prompt_part, prompt_mask, completion_ids, *vision)
-        return self._loss(logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp,
-                          num_items=num_items)
+    def construct(self, batch):
+        """``batch``: a micro-batch (:mod:`mindgrpo.train.step_batch`)."""
+        logp, entropy = self.logprobs(batch)
+        return self._loss(logp, entropy, batch, num_items=batch["num_items"])
 
-    def _loss(self, logp, entropy, completion_mask, advantages, old_logp, ref_logp, sampling_logp, num_items=None,
-              row_weights=None):
-        mask = completion_mask.astype(logp.dtype)
+    def _loss(self, logp, entropy, batch, num_items=None, row_weights=None):
+        mask = batch["loss_mask"].astype(logp.dtype)
+        old_logp, ref_logp, sampling_logp = batch["old_logp"], batch["ref_logp"], batch["sampling_logp"]
         settings = self.settings
         # On-policy (one pass per rollout) the old log-probs are the detached current ones: ratio 1, as in TRL.
         loss, metrics = grpo_loss(logp, None if self.on_policy else old_logp,
-                                  ref_logp if settings.beta > 0 else None, advantages, mask, cfg=settings,
+                                  ref_logp if settings.beta > 0 else None, batch["advantages"], mask, cfg=settings,
                                   num_items_in_batch=num_items, grad_accum_steps=self.grad_accum_steps,
                                   dp_size=self.dp_size, max_completion_length=self.max_completion_length,
                                   row_weights=row_weights,
@@ -137,14 +135,13 @@ class PackedLossCell(GRPOLossCell):
         super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1,
                          max_completion_length=None)
 
-    def construct(self, prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source, unpack,
-                  completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights, *vision):
-        """``vision``: a Qwen2.5-VL micro-batch's slots' M-RoPE positions, image features and image rows; empty for
-        text."""
-        logp, entropy = self.logprobs(prompt_ids, prompt_mask, completion_ids, positions, segments, row_prompt, source,
-                                      *vision)
+    def construct(self, batch):
+        """``batch``: a packed micro-batch (:mod:`mindgrpo.train.step_batch`); ``unpack`` maps its loss rows'
+        tokens to the packed rows' positions."""
+        logp, entropy = self.logprobs(batch)
+        unpack = batch["unpack"]
         return self._loss(ops.gather(logp.reshape((-1,)), unpack, 0), ops.gather(entropy.reshape((-1,)), unpack, 0),
-                          completion_mask, advantages, old_logp, ref_logp, sampling_logp, row_weights=row_weights)
+                          batch, row_weights=batch["row_weights"])
 
 
 def gradient_buffers(params: Sequence[ms.Parameter], dtype: str) -> ParameterTuple:
@@ -178,8 +175,8 @@ class AccumulateGradients(nn.Cell):
         self.accumulators = accumulators
         self.hyper_map = ops.HyperMap()
 
-    def construct(self, *inputs):
-        (loss, metrics, entropy, gap), grads = self.grad_fn(*inputs)
+    def construct(self, batch):
+        (loss, metrics, entropy, gap), grads = self.grad_fn(batch)
         added = self.hyper_map(_add_into, self.accumulators, grads)
         return ops.depend(loss, added), metrics, entropy, gap
 
