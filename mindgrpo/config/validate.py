@@ -228,8 +228,8 @@ def _layout_problems(config: GRPOConfig) -> List[str]:
                                 f"{'reference model' if name == 'ref_config' else backend + ' rollout engine'} "
                                 "runs on the actor's ranks with the actor's slices; use the same value")
     if tensor_parallel and backend == "mindformers":
-        problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (its generate() "
-                        "is MindFormers' forward); use generate_config.backend: native")
+        problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (MindFormers' "
+                        "generate() runs a whole model); use generate_config.backend: native")
     return problems
 
 

@@ -27,8 +27,7 @@ def build_rollout_engine(backend: str, actor: Any, *, eos_token_id: EosIds, pad_
 
     Args:
         backend: one of the registry's ``ROLLOUT_BACKENDS`` (``"native"``, ``"mindformers"`` or ``"vllm"``).
-        actor: the policy Cell (MindFormers ``LlamaForCausalLM`` configured as Qwen2, as built by
-            ``mindgrpo.models.build_model``).
+        actor: the policy, a :class:`~mindgrpo.models.qwen2.Qwen2Model` (``mindgrpo.models.build_model``).
         eos_token_id: id or ids that end a completion.
         pad_token_id: id that pads completions in :class:`RolloutResult`.
         max_prompt_length: longest prompt accepted (longer ones are an error).

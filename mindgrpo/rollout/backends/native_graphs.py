@@ -5,7 +5,7 @@ This is one of mindgrpo's three Qwen2s (the table is in :mod:`mindgrpo.models`):
 (:mod:`mindgrpo.rollout.backends.native` builds one prefill graph and a few decode graphs per shape bucket).
 
 The native rollout engine never copies weights: :class:`Qwen2Weights` holds the very ``Parameter`` objects of
-the actor (a MindFormers ``LlamaForCausalLM`` configured as Qwen2), so an optimizer step on the actor is visible
+the actor (a :class:`~mindgrpo.models.qwen2.Qwen2Model`), so an optimizer step on the actor is visible
 to the next rollout without any synchronisation. The graphs of a shape bucket read them:
 
 * :class:`PrefillGraph` runs the distinct prompts of a batch (left-padded to one length), writes their keys and
