@@ -210,6 +210,8 @@ class Qwen2Blocks(nn.Cell):
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.dtype = weights.compute_dtype
         self.cast_weights = weights.param_dtype != weights.compute_dtype
+        # per weight: the RMSNorm scales stay float32 whatever the others are stored in (Qwen2Model)
+        self.cast_at = tuple(param.dtype != weights.compute_dtype for param in weights.params)
         self.cast_table = weights.table_dtype != weights.param_dtype
         self.lm_head = weights.lm_head_index
         self.cache_len = cache_len
@@ -241,7 +243,7 @@ class Qwen2Blocks(nn.Cell):
     # SiLU, one RoPE for q and k together, rotate-half as one matmul.
     def _param(self, index: int):
         weight = self.weights[index]
-        if self.cast_weights:
+        if self.cast_at[index]:
             weight = ops.cast(weight, self.dtype)
         return weight
 
