@@ -24,7 +24,7 @@ from mindgrpo.apps.demo.problems import make_problems
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 from mindgrpo.apps.demo.warm_start import warm_start
 
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the warm start on mindgrpo's own forward, stopping at TARGET_MATCH 0.20
 STAMP = "demo.json"
 STAMP_FORMAT = "mindgrpo-demo"
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
