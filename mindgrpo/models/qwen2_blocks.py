@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -63,27 +63,27 @@ class DecoderSpec:
     rms_norm_eps: float
     rope_theta: float
     qkv_bias: bool
-    tp_layout: Optional[TPLayout] = None
-    """This rank's tensor-parallel slice of the heads and vocabulary (None: the whole model)."""
+    tp_layout: TPLayout
+    """This rank's tensor-parallel slice of the heads and vocabulary (``tp == 1``: the whole model)."""
     tp_group: str = ""
     mrope_section: Tuple[int, ...] = ()
     """Qwen2.5-VL's M-RoPE: rotary half-dims of the t/h/w position rows (empty: a text model, 1-row positions)."""
 
     @property
     def tp_size(self) -> int:
-        return self.tp_layout.tp if self.tp_layout else 1
+        return self.tp_layout.tp
 
     @property
     def tp_rank(self) -> int:
-        return self.tp_layout.rank if self.tp_layout else 0
+        return self.tp_layout.rank
 
     @property
     def local_heads(self) -> int:
-        return self.tp_layout.local_heads if self.tp_layout else self.num_heads
+        return self.tp_layout.local_heads
 
     @property
     def local_kv_heads(self) -> int:
-        return self.tp_layout.local_kv_heads if self.tp_layout else self.num_kv_heads
+        return self.tp_layout.local_kv_heads
 
     @property
     def kv_groups(self) -> int:
@@ -92,7 +92,7 @@ class DecoderSpec:
 
     @property
     def vocab_start(self) -> int:
-        return self.tp_layout.vocab_start if self.tp_layout else 0
+        return self.tp_layout.vocab_start
 
 
 def decoder_weights(model: Qwen2Model) -> Tuple[DecoderSpec, List[Parameter]]:
@@ -100,12 +100,12 @@ def decoder_weights(model: Qwen2Model) -> Tuple[DecoderSpec, List[Parameter]]:
     if not isinstance(model, Qwen2Model):
         raise TypeError(f"{type(model).__name__} is not a mindgrpo Qwen2Model: build it with "
                         "mindgrpo.models.build_model")
-    spec, body = model.spec, model.model
+    hf, body = model.spec, model.model
     spec = DecoderSpec(
-        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_hidden_layers,
-        num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads, head_dim=spec.head_dim,
-        rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta, qkv_bias=True, tp_layout=model.layout,
-        tp_group=model.group, mrope_section=tuple(spec.mrope_section))
+        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
+        num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
+        rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta, qkv_bias=True, tp_layout=model.layout,
+        tp_group=model.group, mrope_section=tuple(hf.mrope_section))
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
     params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, model.lm_head.weight]
     for layer in body.layers:
@@ -209,7 +209,6 @@ class Qwen2Blocks(nn.Cell):
         self.eps, self.qkv_bias = spec.rms_norm_eps, spec.qkv_bias
         self.scale = 1.0 / float(np.sqrt(spec.head_dim))
         self.dtype = weights.compute_dtype
-        self.cast_weights = weights.param_dtype != weights.compute_dtype
         # per weight: the RMSNorm scales stay float32 whatever the others are stored in (Qwen2Model)
         self.cast_at = tuple(param.dtype != weights.compute_dtype for param in weights.params)
         self.cast_table = weights.table_dtype != weights.param_dtype
@@ -259,7 +258,7 @@ class Qwen2Blocks(nn.Cell):
         table = self.weights[0]
         if self.lm_head != 0:
             return table, self.weights[self.lm_head]
-        if self.cast_weights:
+        if self.cast_at[0]:
             table = ops.cast(table, self.dtype)
         return table, table
 
