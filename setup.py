@@ -34,8 +34,9 @@ setup(
         "ascend": ["vllm-mindspore", "mindspore-gs", "msadapter"],
         # torch 2.13.0 is the CPU build on the development image; elsewhere install torch's CPU wheel first.
         # pytest-xdist runs the suite on two workers (the README's `pytest -n 2`).
-        "test": ["pytest", "pytest-xdist>=3.6", "hypothesis", "torch==2.13.0", "matplotlib", "nbclient", "nbformat",
-                 "ipykernel"],
+        # peft: the LoRA parity and export tests load our adapters with PEFT itself.
+        "test": ["pytest", "pytest-xdist>=3.6", "hypothesis", "torch==2.13.0", "peft==0.18.0", "matplotlib", "nbclient",
+                 "nbformat", "ipykernel"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["mindgrpo=mindgrpo.cli:main"]},

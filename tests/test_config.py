@@ -191,3 +191,46 @@ def test_config_is_a_leaf():
                           cwd=Path(__file__).resolve().parents[1])
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["['mindgrpo.algorithm',", "'mindgrpo.algorithm.registry']"]
+
+
+def test_lora_keys_are_checked_and_what_lora_cannot_run_with_is_refused():
+    from mindgrpo.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    cfg.actor_config.load = "m"
+    cfg.actor_config.lora_rank = 8
+    cfg.actor_config.lora_alpha = 0
+    cfg.actor_config.lora_target_modules = ["q_proj", "qkv"]
+    cfg.actor_config.parallel_config.model_parallel = 2
+    cfg.generate_config.backend = "mindformers"
+    cfg.ref_config.load = "other"
+    with pytest.raises(ConfigError) as err:
+        validate(cfg, check_paths=False)
+    msg = str(err.value)
+    assert "actor_config.lora_alpha = 0: must be positive" in msg
+    assert "lora_target_modules = ['q_proj', 'qkv']" in msg
+    assert "tensor-parallel adapters are not built yet" in msg
+    assert "only the native engine decodes with the adapters" in msg
+    assert "leave ref_config.load empty" in msg
+    cfg = GRPOConfig()
+    cfg.actor_config.load = "m"
+    cfg.actor_config.lora_rank = 8
+    validate(cfg, check_paths=False)
+    assert Derived(cfg).reference_dtype is None  # the backbone is the reference: no reference model
+    cfg.actor_config.lora_rank = -1
+    with pytest.raises(ConfigError, match="lora_rank = -1"):
+        validate(cfg, check_paths=False)
+
+
+def test_rollout_gap_limit_is_on_where_rollout_and_training_compute_the_same_math():
+    from mindgrpo.config import GRPOConfig
+
+    cfg = GRPOConfig()
+    assert Derived(cfg).max_rollout_logprob_gap == 1e-3
+    cfg.actor_config.compute_dtype = "bfloat16"
+    assert Derived(cfg).max_rollout_logprob_gap == 0.0
+    cfg.actor_config.compute_dtype = "float32"
+    cfg.generate_config.backend = "vllm"
+    assert Derived(cfg).max_rollout_logprob_gap == 0.0
+    cfg.rl_config.max_rollout_logprob_gap = 0.5
+    assert Derived(cfg).max_rollout_logprob_gap == 0.5

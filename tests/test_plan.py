@@ -273,3 +273,28 @@ def test_cpu_update_keeps_no_gradient_copy_without_data_parallelism(model_7b):
     assert one["update"] == 0 and one["gradients"] > 0
     assert update("cpu", 2, 4)["update"] == 2 * update("cpu", 2, 4)["gradients"]
     assert update("ascend", 1, 8)["update"] == 2 * one["gradients"]
+
+
+def test_lora_counts_a_frozen_backbone_and_float32_adapters_and_7b_fits_one_device(model_7b):
+    """actor_config.lora_rank: the backbone in its dtype with no gradients, optimizer state or reference copy; the
+    adapters (rank x (in + out) per adapted weight, counted here independently from Qwen2.5-7B's shapes) take 4
+    bytes each of weights and gradients and 8 of moments. Qwen2.5-7B with a bf16 backbone and rank 16 then fits
+    one 64 GB device, which full-parameter training at any dtype does not."""
+    from mindgrpo.apps.plan import lora_parameters
+
+    h, i, layers, q, kv = 3584, 18944, 28, 3584, 512
+    per_layer = (h + q) + (h + kv) * 2 + (q + h) + 3 * (h + i)  # q, k, v, o, gate, up, down: in + out
+    assert lora_parameters(QWEN2_5_7B, 16, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                            "down_proj")) == 16 * per_layer * layers
+    assert lora_parameters(QWEN2_5_7B, 8, ("q_proj", "v_proj")) == 8 * ((h + q) + (h + kv)) * layers
+    adapters = 16 * per_layer * layers
+    single = ("actor_config.parallel_config.data_parallel=1", "actor_config.parallel_config.model_parallel=1",
+              "ref_config.parallel_config.data_parallel=1", "ref_config.parallel_config.model_parallel=1",
+              "generate_config.backend=native", "actor_config.param_dtype=bfloat16")
+    lora = plan_layouts(config_7b(model_7b, *single, "actor_config.lora_rank=16"), 1, 64 * GiB, QWEN2_5_7B)
+    full = plan_layouts(config_7b(model_7b, *single), 1, 64 * GiB, QWEN2_5_7B)
+    parts = lora["layouts"][0]["bytes"]
+    assert parts["weights"] == 2 * local_parameters(QWEN2_5_7B) + 4 * adapters
+    assert (parts["gradients"], parts["optimizer"], parts["reference"]) == (4 * adapters, 8 * adapters, 0)
+    assert lora["recommended"] is not None and full["recommended"] is None
+    assert "frozen backbone (LoRA rank 16)" in format_plan(lora)

@@ -37,7 +37,7 @@ def prompts(tmp_path_factory, tiny_model_dir):
 def make_config(out: Path, dataset: Path, model: Path, **rl) -> GRPOConfig:
     """A small run on the GSM8K-format prompts of the fixture model (see conftest.small_run_config)."""
     return small_run_config(out, dataset, model, **{"max_prompt_length": 192, "seq_length": 256, **rl},
-                            max_tokens=12, verifiers=["accuracy_reward", "toy_verifiers:digit_share"])
+                            max_tokens=12, verifiers=["accuracy_reward", "toy_verifiers:text_length"])
 
 
 def final_weights(run: Path) -> dict:
@@ -62,7 +62,7 @@ def test_metrics_jsonl_and_tensorboard_have_every_metric(trained_run):
     out, _ = trained_run
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    expected = set(METRIC_NAMES) | {"grpo/rewards/accuracy_reward", "grpo/rewards/digit_share"}
+    expected = set(METRIC_NAMES) | {"grpo/rewards/accuracy_reward", "grpo/rewards/text_length"}
     missing = expected - set(rows[-1])
     assert not missing, missing
     assert all(np.isfinite(rows[-1][name]) for name in expected)

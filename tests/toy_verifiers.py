@@ -1,17 +1,14 @@
 """Toy verifiers for tests, all top-level functions so that verifier worker processes can import them by name.
 
 Dense ones for trainer tests: the random tiny fixture never answers GSM8K, so accuracy is always 0 and GRPO would
-have no signal; the share of digits in a completion varies within every group. Misbehaving ones (hanging, raising,
+have no signal; a completion's length in characters varies within every group. (The share of digits did not: on a
+machine whose tokenizer build made another fixture, two steps of its completions held no digit at all.) Misbehaving ones (hanging, raising,
 crashing, batch verifiers returning the wrong thing) for tests/test_rewards.py."""
 import os
 import re
 import time
 
 from mindgrpo.rewards.verifiers import batch_verifier
-
-
-def digit_share(completion: str, gold: str, **context) -> float:
-    return sum(ch.isdigit() for ch in completion) / max(1, len(completion))
 
 
 def text_length(completion: str, gold: str, **context) -> float:

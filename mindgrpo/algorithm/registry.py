@@ -49,6 +49,9 @@ GRAD_REDUCE_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
 EXECUTION_MODES: Tuple[str, ...] = ("graph", "pynative")
 DEVICE_TARGETS: Tuple[str, ...] = ("auto", "CPU", "Ascend")
 
+# The linears LoRA may adapt (models/lora.py), by Hugging Face module name: every linear of a Qwen2 decoder layer.
+LORA_TARGET_MODULES: Tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
 
 def canonical(key: str, value: str, choices: Tuple[str, ...], aliases: Mapping[str, str] | None = None) -> str:
     """``value`` under its canonical name; a ValueError naming ``key`` and the choices when it is none of them."""

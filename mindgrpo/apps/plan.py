@@ -169,6 +169,16 @@ def local_parameters(hf_config: Mapping, model_parallel: int = 1) -> int:
     return sum(local_sizes(hf_config, model_parallel))
 
 
+def lora_parameters(hf_config: Mapping, rank: int, target_modules) -> int:
+    """Parameters of rank-``rank`` LoRA adapters on ``target_modules``: ``rank x (in + out)`` per adapted weight
+    (A [rank, in], B [out, rank]); 0 when ``rank`` is 0."""
+    if rank <= 0:
+        return 0
+    suffixes = tuple(f".{module}.weight" for module in target_modules)
+    return sum(rank * (shape[0] + shape[1]) for name, shape in hf_tensor_shapes(hf_config).items()
+               if name.endswith(suffixes))
+
+
 def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
                       optimizer_shard: bool = True) -> int:
     """Parameters whose AdamW moments the busiest rank keeps: all of its slice, or under ZeRO-1 the largest share
@@ -186,13 +196,22 @@ def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_paral
 
 def model_state_bytes(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
                       optimizer_shard: bool = True, reference_dtype: Optional[str] = None,
-                      param_dtype: str = "float32", grad_dtype: str = "float32") -> Dict[str, int]:
+                      param_dtype: str = "float32", grad_dtype: str = "float32",
+                      adapter_parameters: int = 0) -> Dict[str, int]:
     """Per-rank bytes of the training state: ``weights`` in ``param_dtype``, ``gradients`` (the accumulators) in
     ``grad_dtype``, the ``optimizer``'s float32 AdamW moments and, with 16-bit weights, float32 master weights
     (ZeRO-1 over ``data_parallel`` when ``optimizer_shard``), and the frozen ``reference`` copy in
     ``reference_dtype`` (None: no reference model), plus their ``total``. This is what one rank's resident memory
-    grows by once the actor, reference, accumulators and optimizer are built."""
+    grows by once the actor, reference, accumulators and optimizer are built.
+
+    With LoRA (``adapter_parameters`` > 0) the backbone is frozen in ``param_dtype`` and only the float32 adapters
+    have gradients and AdamW moments; the reference is the backbone itself (``reference_dtype`` None)."""
     n = local_parameters(hf_config, model_parallel)
+    if adapter_parameters:
+        state = {"weights": DTYPE_BYTES[param_dtype] * n + 4 * adapter_parameters,
+                 "gradients": 4 * adapter_parameters, "optimizer": 8 * adapter_parameters, "reference": 0}
+        state["total"] = sum(state.values())
+        return state
     per_owned = 8 + (4 if param_dtype != "float32" else 0)  # moments, and the master copy of 16-bit weights
     state = {"weights": DTYPE_BYTES[param_dtype] * n, "gradients": DTYPE_BYTES[grad_dtype] * n,
              "optimizer": per_owned * moment_parameters(hf_config, model_parallel=model_parallel,
@@ -312,7 +331,9 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     state = model_state_bytes(hf_config, model_parallel=model_parallel, data_parallel=data_parallel,
                               optimizer_shard=actor.parallel_config.optimizer_shard,
                               reference_dtype=Derived(config).reference_dtype,
-                              param_dtype=actor.param_dtype, grad_dtype=actor.grad_reduce_dtype)
+                              param_dtype=actor.param_dtype, grad_dtype=actor.grad_reduce_dtype,
+                              adapter_parameters=lora_parameters(hf_config, actor.lora_rank,
+                                                                 actor.lora_target_modules))
     packed_rows = Derived(config).packed_rows  # per forward of both passes; 0: padded
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
@@ -421,7 +442,7 @@ def _settings(config) -> dict:
             "max_tokens_per_micro_batch": actor.max_tokens_per_micro_batch, "recompute": actor.recompute,
             "share_prompt": rl.share_prompt, "max_prompt_length": rl.max_prompt_length,
             "max_tokens": gen.sampling_config.max_tokens, "compute_dtype": actor.compute_dtype,
-            "reference_dtype": Derived(config).reference_dtype,
+            "reference_dtype": Derived(config).reference_dtype, "lora_rank": actor.lora_rank,
             "ref_model_batch_size": config.ref_config.ref_model_batch_size,
             "optimizer_shard": actor.parallel_config.optimizer_shard,
             "backend": gen.backend, "infer_model_batch_size": gen.infer_model_batch_size,
@@ -492,7 +513,8 @@ def format_plan(plan: dict, source: str = "") -> str:
         "run: {micro}, recompute {rc}, share_prompt {sp}, prompt {max_prompt_length} + "
         "completion {max_tokens} tokens, {compute_dtype} compute, reference {ref}, ZeRO-1 {zero}, rollout {rollout}"
         .format(**settings, rc="on" if settings["recompute"] else "off", sp="on" if settings["share_prompt"] else
-                "off", ref=settings["reference_dtype"] or "none (beta 0)",
+                "off", ref=(f"the frozen backbone (LoRA rank {settings['lora_rank']})" if settings["lora_rank"]
+                     else settings["reference_dtype"] or "none (beta 0)"),
                 micro=(f"packed micro-batches of {settings['max_tokens_per_micro_batch']} tokens"
                        if settings["max_tokens_per_micro_batch"] else
                        f"micro_batch_size {settings['micro_batch_size']}"),

@@ -49,11 +49,22 @@ class Derived:
         the actor's starting point: with bf16 actor weights (``actor_config.param_dtype``) it is stored in bf16 too,
         so it is exactly the actor's first weights (step 1's KL is 0, not the rounding of a float32 copy) at half
         the bytes; otherwise in its compute dtype (``ref_config.compute_dtype``)."""
-        if self.config.rl_config.beta <= 0:
-            return None
+        if self.config.rl_config.beta <= 0 or self.config.actor_config.lora_rank > 0:
+            return None  # no reference model; with LoRA the reference is the actor's backbone, adapters off
         if self.config.actor_config.param_dtype == "bfloat16":
             return "bfloat16"
         return self.config.ref_config.compute_dtype
+
+    @property
+    def max_rollout_logprob_gap(self) -> float:
+        """``rl_config.max_rollout_logprob_gap`` resolved: its default (-1) is 1e-3 where the rollout engine and
+        the training forward compute the same float32 math, else 0 (off)."""
+        gap = self.config.rl_config.max_rollout_logprob_gap
+        if gap >= 0:
+            return gap
+        same_math = (self.config.generate_config.backend == "native"
+                     and self.config.actor_config.compute_dtype == "float32")
+        return 1e-3 if same_math else 0.0
 
     def prompt_width(self, longest_prompt: int) -> int:
         """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of

@@ -18,8 +18,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_IMPLS, LOSS_REDUCTIONS,
-                                         LOSS_TYPES, ROLLOUT_CORRECTIONS, canonical, canonical_kl_estimator)
+from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LORA_TARGET_MODULES,
+                                         LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES, ROLLOUT_CORRECTIONS, canonical,
+                                         canonical_kl_estimator)
 
 class ConfigError(ValueError):
     """A configuration problem, with the key and where it came from."""
@@ -133,6 +134,19 @@ class ActorConfig:
     the optimizer, runs once per prompt per step (its features serve the rollout, the reference and every update
     pass) and the reference model shares it instead of holding a copy. ``false`` (training the tower) is not
     supported yet and refused. No effect on text models."""
+    lora_rank: int = 0
+    """LoRA (verl's name): train rank-``lora_rank`` adapters on a frozen backbone instead of every weight; 0
+    (default) is off. The backbone stays in param_dtype, the adapters and their AdamW state are float32, and the
+    reference policy is the backbone with the adapters off (no second copy of the weights; beta > 0 costs one more
+    forward). A starts as PEFT's Kaiming-uniform and B at zero, so step 1's KL is exactly 0. Checkpoints hold the
+    adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it onto actor_config.load). Needs the
+    native rollout backend (it decodes with the adapters applied, unmerged: ``x W + s (x A) B``) and
+    model_parallel 1."""
+    lora_alpha: float = 16.0
+    """LoRA's scaling numerator: the adapters' product is scaled by lora_alpha / lora_rank (verl's default 16)."""
+    lora_target_modules: List[str] = field(default_factory=lambda: list(LORA_TARGET_MODULES))
+    """The linears that get adapters, by Hugging Face module name (default: every linear of the decoder,
+    q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)."""
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     """Training layout of the actor."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -481,6 +495,12 @@ class CheckpointConfig:
     max_skipped_updates: int = 3
     """Consecutive optimizer updates skipped for a non-finite loss or gradient (the weights are kept; each is
     counted in ``grpo/skipped_updates``) before the run stops with an error. Formerly ``max_skipped_steps``."""
+    max_rollout_logprob_gap: float = -1.0
+    """Stop the run when ``rollout/logprob_diff_max`` (the largest |training forward log-prob - rollout engine's
+    log-prob| over a step's sampled tokens) exceeds this: the rollout then sampled from other weights than the ones
+    being trained (a weight or adapter sync that did not happen), which no loss curve shows. -1 (default): 1e-3
+    where both compute the same float32 math (the native backend at compute_dtype float32, measured gap about 1e-5),
+    off elsewhere (bf16 on Ascend, vLLM, MindFormers, where a gap is expected); 0: off."""
 
 @dataclass
 class RLConfig(CheckpointConfig, RewardShapingConfig, LossConfig, ShapesConfig, GenerationConfig, ScheduleConfig,

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
+from mindgrpo.algorithm.registry import (LORA_TARGET_MODULES, COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
                                          GRAD_REDUCE_DTYPES, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS,
                                          LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
                                          PARAM_DTYPES,
@@ -47,7 +47,7 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
                 + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
                 + _reward_problems(config) + _generation_problems(config)
-                + _vision_problems(config) + _model_source_problems(config))
+                + _vision_problems(config) + _model_source_problems(config) + _lora_problems(config))
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -230,6 +230,35 @@ def _layout_problems(config: GRPOConfig) -> List[str]:
     if tensor_parallel and backend == "mindformers":
         problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (MindFormers' "
                         "generate() runs a whole model); use generate_config.backend: native")
+    return problems
+
+
+def _lora_problems(config: GRPOConfig) -> List[str]:
+    """LoRA's keys, and what it does not run with yet."""
+    actor = config.actor_config
+    if actor.lora_rank < 0:
+        return [f"actor_config.lora_rank = {actor.lora_rank}: must be 0 (off) or a positive rank"]
+    if actor.lora_rank == 0:
+        return []
+    problems: List[str] = []
+    if actor.lora_alpha <= 0:
+        problems.append(f"actor_config.lora_alpha = {actor.lora_alpha}: must be positive")
+    unknown = [m for m in actor.lora_target_modules if m not in LORA_TARGET_MODULES]
+    if unknown or not actor.lora_target_modules:
+        problems.append(f"actor_config.lora_target_modules = {list(actor.lora_target_modules)}: name one or more "
+                        f"of {', '.join(LORA_TARGET_MODULES)}")
+    if actor.parallel_config.model_parallel > 1:
+        problems.append(f"actor_config.lora_rank = {actor.lora_rank} with actor_config.parallel_config."
+                        f"model_parallel = {actor.parallel_config.model_parallel}: tensor-parallel adapters are not "
+                        "built yet; use model_parallel: 1 (data parallelism works)")
+    if config.generate_config.backend != "native":
+        problems.append(f"actor_config.lora_rank = {actor.lora_rank} with generate_config.backend = "
+                        f"{config.generate_config.backend}: only the native engine decodes with the adapters; set "
+                        "generate_config.backend: native")
+    if config.ref_config.load and not _same_folder(config.ref_config.load, actor.load):
+        problems.append(f"ref_config.load = {config.ref_config.load} with actor_config.lora_rank = "
+                        f"{actor.lora_rank}: the LoRA reference is the actor's backbone with the adapters off; "
+                        "leave ref_config.load empty")
     return problems
 
 

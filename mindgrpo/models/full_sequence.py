@@ -32,8 +32,8 @@ class FullSequenceForward(Qwen2Blocks):
     Logits at padding positions are finite but meaningless (their queries see no real key).
     """
 
-    def __init__(self, model: Qwen2Model, max_positions: int):
-        super().__init__(Qwen2Weights(model), max_positions, ParameterTuple(()))
+    def __init__(self, model: Qwen2Model, max_positions: int, adapters: bool = True):
+        super().__init__(Qwen2Weights(model, adapters), max_positions, ParameterTuple(()))
 
     def construct(self, input_ids, attention_mask, position_ids=None, image_features=None, image_rows=None):
         b, s = input_ids.shape

@@ -39,8 +39,8 @@ class PackedPromptForward(PromptBlocks):
     host computes as it computes the text ones.
     """
 
-    def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False):
-        weights = Qwen2Weights(model)
+    def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False, adapters: bool = True):
+        weights = Qwen2Weights(model, adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
         self.layers = nn.CellList([PackedPromptLayer(weights.layer(i)) for i in range(self.num_layers)],
                                     auto_prefix=False)

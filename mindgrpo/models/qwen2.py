@@ -27,6 +27,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
+from mindgrpo.models.lora import LoraSpec, attach_adapters, init_adapters, load_peft
 from mindgrpo.models.weights import hf_parameters, load_hf_weights
 from mindgrpo.parallel.layout import TPLayout
 
@@ -138,16 +139,23 @@ class Qwen2Model(nn.Cell):
       gradient, eval mode).
     * ``compute_dtype``: the matmuls' dtype (``float32``, ``bfloat16``, ``float16``); weights stored in another
       dtype are cast at use.
+    * ``lora``: the LoRA adapters' :class:`~mindgrpo.models.lora.LoraSpec` (an actor's), or None. With adapters the
+      backbone is frozen: the adapters (float32, on the targeted weight Cells as ``lora_a``/``lora_b``) are the
+      only trainable Parameters, and every pass can run with them (the policy) or without (the reference).
 
     The Parameters start as zeros (calloc'd: untouched pages cost no memory), to be filled by
     :func:`mindgrpo.models.weights.load_hf_weights` or :meth:`init_random`.
     """
 
     def __init__(self, spec: Qwen2Spec, hf_config: Mapping, layout: TPLayout, group: str = "", *, role: str,
-                 compute_dtype: str, param_dtype: str):
+                 compute_dtype: str, param_dtype: str, lora: Optional[LoraSpec] = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
+        if lora is not None and (role != "actor" or layout.tp > 1):
+            raise ValueError("LoRA adapters are an actor's, at model_parallel 1 (tensor-parallel adapters are not "
+                             f"built yet): got role={role!r}, model_parallel={layout.tp}")
+        self.lora = lora
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
         self.full_shapes = dict(full_shapes(spec))
         self.compute_dtype = check_dtype("compute_dtype", compute_dtype)
@@ -162,9 +170,12 @@ class Qwen2Model(nn.Cell):
         embedding = self.model.tok_embeddings.embedding_weight
         self.lm_head = _Weight(embedding if spec.tie_word_embeddings else make("lm_head.weight"))
         embedding.name = "model.tok_embeddings.embedding_weight"  # a tied head took it over: MindFormers' name
-        if role != "actor":
+        if role != "actor" or lora is not None:  # frozen: a reference, a rollout model, or a LoRA backbone
             for param in self.get_parameters():
                 param.requires_grad = False
+        if lora is not None:
+            attach_adapters(self, lora)  # after the freeze: the adapters alone are trainable
+        if role != "actor":
             self.set_train(False)
 
     def load_weights(self, model_dir: PathLike) -> None:
@@ -179,41 +190,54 @@ class Qwen2Model(nn.Cell):
             value = self.layout.take(name, _random_value(name, self.full_shapes[name], rng))
             tensor = Tensor.from_numpy(np.ascontiguousarray(value))
             param.set_data(tensor if param.dtype == ms.float32 else tensor.astype(param.dtype))
+        if self.lora is not None:
+            init_adapters(self, seed)
+
+    def init_adapters(self, seed: int = 0) -> None:
+        """Fresh adapters as PEFT initialises them (B = 0: the policy starts as the backbone)."""
+        init_adapters(self, seed)
+
+    def load_adapters(self, adapter_dir: PathLike) -> None:
+        """The adapters from a PEFT folder (:func:`mindgrpo.models.lora.load_peft`, strict)."""
+        load_peft(self, adapter_dir)
 
     # ---------------------------------------------------------------------------------------------- passes
     # Each pass module imports this one (its Cells read a Qwen2Model), so they are imported when a pass is built.
-    def full_sequence(self, max_positions: int) -> nn.Cell:
+    # ``adapters``: with LoRA, False runs the frozen backbone alone (the reference policy); no effect without LoRA.
+    def full_sequence(self, max_positions: int, adapters: bool = True) -> nn.Cell:
         """Every position of padded rows: ``(input_ids, attention_mask, position_ids=None, image_features=None,
         image_rows=None)`` -> float32 logits ``[B, S, V]`` (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`)."""
         from mindgrpo.models.full_sequence import FullSequenceForward
 
-        return FullSequenceForward(self, max_positions)
+        return FullSequenceForward(self, max_positions, adapters)
 
-    def completions(self, max_positions: int) -> nn.Cell:
+    def completions(self, max_positions: int, adapters: bool = True) -> nn.Cell:
         """``[prompt | completion]`` rows: ``(input_ids, attention_mask, completion_ids)`` -> the completions' logits
         (:class:`~mindgrpo.models.full_sequence.CompletionForward`)."""
         from mindgrpo.models.full_sequence import CompletionForward
 
-        return CompletionForward(self, max_positions)
+        return CompletionForward(self, max_positions, adapters)
 
-    def shared_prompt(self, num_generations: int, max_positions: int, recompute: bool = False) -> nn.Cell:
+    def shared_prompt(self, num_generations: int, max_positions: int, recompute: bool = False,
+                      adapters: bool = True) -> nn.Cell:
         """Each group's prompt once, its completions attending to it
         (:class:`~mindgrpo.models.shared_prompt.SharedPromptForward`)."""
         from mindgrpo.models.shared_prompt import SharedPromptForward
 
-        return SharedPromptForward(self, num_generations, max_positions, recompute=recompute)
+        return SharedPromptForward(self, num_generations, max_positions, recompute=recompute, adapters=adapters)
 
-    def packed(self, max_positions: int, recompute: bool = False) -> nn.Cell:
+    def packed(self, max_positions: int, recompute: bool = False, adapters: bool = True) -> nn.Cell:
         """Several groups' prompts and completions packed into fixed rows
         (:class:`~mindgrpo.models.packed_prompt.PackedPromptForward`)."""
         from mindgrpo.models.packed_prompt import PackedPromptForward
 
-        return PackedPromptForward(self, max_positions, recompute=recompute)
+        return PackedPromptForward(self, max_positions, recompute=recompute, adapters=adapters)
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
                 param_dtype: str | None = None, load_weights: bool = True, tp_rank: int = 0, tp_size: int = 1,
-                tp_group: str = "") -> Qwen2Model:
+                tp_group: str = "", lora: Optional[LoraSpec] = None, adapter_dir: PathLike | None = None
+                ) -> Qwen2Model:
     """A :class:`Qwen2Model` from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
 
     Roles: ``actor`` is trainable; ``reference`` and ``inference`` are frozen (no trainable Parameters, no
@@ -226,6 +250,9 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     Tensor parallelism (``tp_size > 1``, rank ``tp_rank`` of the MindSpore group ``tp_group``): the model holds
     only this rank's slices, read straight from the same folder. With ``load_weights=False`` the weights are
     random (:meth:`Qwen2Model.init_random`).
+
+    ``lora``: the actor gets adapters on a frozen backbone, read from ``adapter_dir`` (a PEFT folder) or, without
+    one, initialised as PEFT does (B = 0).
     """
     check_dtype("compute_dtype", compute_dtype)
     if param_dtype is None:
@@ -233,9 +260,13 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
     model = Qwen2Model(spec, hf_config, TPLayout.for_hf_config(hf_config, tp_size, tp_rank), tp_group, role=role,
-                       compute_dtype=compute_dtype, param_dtype=param_dtype)
+                       compute_dtype=compute_dtype, param_dtype=param_dtype, lora=lora)
     if load_weights:
         model.load_weights(model_dir)  # each tensor replaces its zeros, one at a time
+        if lora is not None and adapter_dir is None:
+            model.init_adapters()
     else:
         model.init_random()
+    if lora is not None and adapter_dir is not None:
+        model.load_adapters(adapter_dir)
     return model

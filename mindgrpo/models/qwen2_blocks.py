@@ -45,10 +45,14 @@ def mask_bias(allowed: Tensor) -> Tensor:
     return (allowed - 1.0) * (-MASKED_SCORE)
 
 
-def layer_fields(qkv_bias: bool) -> Tuple[str, ...]:
+def layer_fields(qkv_bias: bool, lora_fields: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """A layer's weights in graph order: the backbone's, then each adapted weight's LoRA A and B
+    (``wq.lora_a``, ``wq.lora_b``, ...)."""
     if qkv_bias:
-        return ("attention_norm", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "ffn_norm", "w1", "w2", "w3")
-    return ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3")
+        base = ("attention_norm", "wq", "bq", "wk", "bk", "wv", "bv", "wo", "ffn_norm", "w1", "w2", "w3")
+    else:
+        base = ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2", "w3")
+    return base + tuple(f"{field}.{part}" for field in lora_fields for part in ("lora_a", "lora_b"))
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,10 @@ class DecoderSpec:
     tp_group: str = ""
     mrope_section: Tuple[int, ...] = ()
     """Qwen2.5-VL's M-RoPE: rotary half-dims of the t/h/w position rows (empty: a text model, 1-row positions)."""
+    lora_fields: Tuple[str, ...] = ()
+    """The weights whose LoRA adapters the graphs add (``wq``, ``w1``, ...; empty: the backbone alone)."""
+    lora_scale: float = 0.0
+    """LoRA's alpha / rank."""
 
     @property
     def tp_size(self) -> int:
@@ -95,17 +103,20 @@ class DecoderSpec:
         return self.tp_layout.vocab_start
 
 
-def decoder_weights(model: Qwen2Model) -> Tuple[DecoderSpec, List[Parameter]]:
-    """The decoder's spec and its Parameters (the model's own objects) in graph order."""
+def decoder_weights(model: Qwen2Model, adapters: bool = True) -> Tuple[DecoderSpec, List[Parameter]]:
+    """The decoder's spec and its Parameters (the model's own objects) in graph order; with ``adapters`` (and a
+    LoRA model) each layer's adapters follow its backbone weights, without them the graphs are the backbone's."""
     if not isinstance(model, Qwen2Model):
         raise TypeError(f"{type(model).__name__} is not a mindgrpo Qwen2Model: build it with "
                         "mindgrpo.models.build_model")
     hf, body = model.spec, model.model
+    lora = model.lora if adapters else None
     spec = DecoderSpec(
         vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
         num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
         rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta, qkv_bias=True, tp_layout=model.layout,
-        tp_group=model.group, mrope_section=tuple(hf.mrope_section))
+        tp_group=model.group, mrope_section=tuple(hf.mrope_section),
+        lora_fields=lora.weight_fields if lora else (), lora_scale=lora.scale if lora else 0.0)
     # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
     params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, model.lm_head.weight]
     for layer in body.layers:
@@ -114,7 +125,10 @@ def decoder_weights(model: Qwen2Model) -> Tuple[DecoderSpec, List[Parameter]]:
                     "wk": attn.wk.weight, "bk": attn.wk.bias, "wv": attn.wv.weight, "bv": attn.wv.bias,
                     "wo": attn.wo.weight, "ffn_norm": layer.ffn_norm.weight, "w1": ffn.w1.weight,
                     "w2": ffn.w2.weight, "w3": ffn.w3.weight}
-        params += [by_field[name] for name in layer_fields(spec.qkv_bias)]
+        cells = {"wq": attn.wq, "wk": attn.wk, "wv": attn.wv, "wo": attn.wo, "w1": ffn.w1, "w2": ffn.w2, "w3": ffn.w3}
+        for field in spec.lora_fields:
+            by_field[f"{field}.lora_a"], by_field[f"{field}.lora_b"] = cells[field].lora_a, cells[field].lora_b
+        params += [by_field[name] for name in layer_fields(spec.qkv_bias, spec.lora_fields)]
     return spec, params
 
 
@@ -145,8 +159,8 @@ class Qwen2Weights:
     bfloat16 compute dtype on Ascend) are cast inside the graph at every use, the price of not keeping a copy.
     """
 
-    def __init__(self, model: Qwen2Model):
-        self.spec, params = decoder_weights(model)
+    def __init__(self, model: Qwen2Model, adapters: bool = True):
+        self.spec, params = decoder_weights(model, adapters)
         self.params = ParameterTuple(params)
         self.layer_base = len(_GLOBAL_FIELDS)  # index of layer 0's first weight in ``params``
         # A tied lm_head is read through the embedding's index: one Parameter read twice in a graph makes MindSpore
@@ -162,7 +176,7 @@ class Qwen2Weights:
     def layer(self, index: int) -> "Qwen2Weights":
         """Decoder layer ``index``'s Parameters alone (the same objects), addressed as layer 0: a layer Cell that
         holds nothing else compiles to the same graph for every layer (see :func:`reused_layer`)."""
-        stride = len(layer_fields(self.spec.qkv_bias))
+        stride = len(layer_fields(self.spec.qkv_bias, self.spec.lora_fields))
         view = copy.copy(self)
         start = self.layer_base + index * stride
         view.params = ParameterTuple(self.params[start:start + stride])
@@ -219,8 +233,12 @@ class Qwen2Blocks(nn.Cell):
         # M-RoPE: (t/h/w row, first dim, width) of each rotary-dim chunk; the half-dim sections come twice, as the
         # tables hold each frequency in both halves
         self.mrope_chunks = tuple(mrope_chunks(spec.mrope_section))
-        fields = layer_fields(spec.qkv_bias)
+        fields = layer_fields(spec.qkv_bias, spec.lora_fields)
         self.stride = len(fields)
+        # per backbone field: the offsets of its LoRA A and B, or -1 (graph constants: no adapter, no product)
+        self.lora_a_at = tuple(fields.index(f"{f}.lora_a") if f"{f}.lora_a" in fields else -1 for f in fields)
+        self.lora_b_at = tuple(fields.index(f"{f}.lora_b") if f"{f}.lora_b" in fields else -1 for f in fields)
+        self.lora_scale = spec.lora_scale
         # graph-constant offsets of each per-layer weight (the bias offsets are only read when qkv_bias)
         (self.f_norm1, self.f_wq, self.f_wk, self.f_wv, self.f_wo, self.f_norm2, self.f_w1, self.f_w2,
          self.f_w3) = (fields.index(n) for n in ("attention_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w2",
@@ -278,8 +296,24 @@ class Qwen2Blocks(nn.Cell):
         h = h * ops.rsqrt(ops.mean(ops.square(h), 0, keep_dims=True) + self.eps)
         return self._compute(h) * weight.reshape((-1, 1))
 
-    def _linear_t(self, layer: int, weight: int, x, bias: int = -1):
+    def _proj_t(self, layer: int, weight: int, x):
+        """W x for feature-major x [in, rows], plus the weight's LoRA term s B (A x) when it has adapters."""
         y = ops.matmul(self._w(layer, weight), x)
+        if self.lora_a_at[weight] >= 0:
+            down = ops.matmul(self._w(layer, self.lora_a_at[weight]), x) * self.lora_scale  # [rank, rows]
+            y = y + ops.matmul(self._w(layer, self.lora_b_at[weight]), down)
+        return y
+
+    def _proj_rows(self, layer: int, weight: int, x):
+        """x W^T for row-major x [rows, in], plus the weight's LoRA term s (x A^T) B^T when it has adapters."""
+        y = self.matmul_t(x, self._w(layer, weight))
+        if self.lora_a_at[weight] >= 0:
+            down = self.matmul_t(x, self._w(layer, self.lora_a_at[weight])) * self.lora_scale  # [rows, rank]
+            y = y + self.matmul_t(down, self._w(layer, self.lora_b_at[weight]))
+        return y
+
+    def _linear_t(self, layer: int, weight: int, x, bias: int = -1):
+        y = self._proj_t(layer, weight, x)
         if bias >= 0:
             y = y + self._w(layer, bias).reshape((-1, 1))
         return y
@@ -305,13 +339,13 @@ class Qwen2Blocks(nn.Cell):
 
     def _attention_out(self, layer: int, hT, ctx):
         """hT + o_proj(ctx) for the row-major attention output ctx [rows, heads * head_dim of this rank]."""
-        return hT + self.comm.reduce_no_grad(ops.matmul(self._w(layer, self.f_wo), ctx.T))
+        return hT + self.comm.reduce_no_grad(self._proj_t(layer, self.f_wo, ctx.T))
 
     def _mlp(self, layer: int, hT):
         x = self._rms_norm_t(hT, self._w(layer, self.f_norm2))
-        gate = ops.matmul(self._w(layer, self.f_w1), x)
+        gate = self._proj_t(layer, self.f_w1, x)
         return hT + self.comm.reduce_no_grad(
-            ops.matmul(self._w(layer, self.f_w2), ops.silu(gate) * ops.matmul(self._w(layer, self.f_w3), x)))
+            self._proj_t(layer, self.f_w2, ops.silu(gate) * self._proj_t(layer, self.f_w3, x)))
 
     def _logits_t(self, hT, head):
         """float32 logits over the whole vocabulary, feature-major [vocab, rows], of feature-major final hidden
@@ -385,7 +419,7 @@ class Qwen2Blocks(nn.Cell):
         return h * ops.tile(weight.reshape((1, -1)), (h.shape[0], 1))
 
     def _linear_rows(self, layer: int, weight: int, x, bias: int = -1):
-        y = self.matmul_t(x, self._w(layer, weight))
+        y = self._proj_rows(layer, weight, x)
         if bias >= 0:
             y = y + ops.tile(self._w(layer, bias).reshape((1, -1)), (y.shape[0], 1))
         return y
@@ -402,13 +436,13 @@ class Qwen2Blocks(nn.Cell):
         return qk[:, :self.heads], qk[:, self.heads:], v.reshape((rows, self.kv_heads, self.head_dim))
 
     def _attention_out_rows(self, layer: int, x, ctx):
-        return x + self.comm.reduce(self.matmul_t(ctx, self._w(layer, self.f_wo)))
+        return x + self.comm.reduce(self._proj_rows(layer, self.f_wo, ctx))
 
     def _mlp_rows(self, layer: int, x):
         h = self.comm.enter(self._rms_norm_rows(x, self._w(layer, self.f_norm2)))
         gate = self._linear_rows(layer, self.f_w1, h)
-        return x + self.comm.reduce(self.matmul_t(ops.silu(gate) * self._linear_rows(layer, self.f_w3, h),
-                                                  self._w(layer, self.f_w2)))
+        return x + self.comm.reduce(self._proj_rows(layer, self.f_w2,
+                                                    ops.silu(gate) * self._linear_rows(layer, self.f_w3, h)))
 
     def _logits_rows(self, x, head):
         """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor

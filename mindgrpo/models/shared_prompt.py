@@ -77,8 +77,9 @@ class SharedPromptForward(PromptBlocks):
     of ``prompt_ids``). Without them the call is the text forward, unchanged.
     """
 
-    def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False):
-        weights = Qwen2Weights(model)
+    def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False,
+                 adapters: bool = True):
+        weights = Qwen2Weights(model, adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
         self.num_generations = num_generations
         self.layers = nn.CellList([SharedPromptLayer(weights.layer(i), num_generations)

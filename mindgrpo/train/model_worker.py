@@ -31,6 +31,7 @@ from mindgrpo.hf_config import VL_MODEL_TYPES
 from mindgrpo.models import build_model, export_hf, hf_parameters
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.models.export import export_hf_arrays
+from mindgrpo.models.lora import LoraSpec, adapter_parameters, save_peft
 from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
 from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
@@ -56,8 +57,11 @@ class ModelWorker:
         self.config, self.dist = config, dist
         # Under tensor parallelism each model is this rank's slices, read straight from the HF folder.
         tp = dict(tp_rank=dist.tp_rank, tp_size=dist.tp_size, tp_group=dist.tp_group)
+        # LoRA: adapters on a frozen backbone, which is also the reference policy (the adapters off)
+        self.lora = (LoraSpec(actor_cfg.lora_rank, actor_cfg.lora_alpha, tuple(actor_cfg.lora_target_modules))
+                     if actor_cfg.lora_rank else None)
         self.actor = build_model(actor_cfg.load, role="actor", compute_dtype=actor_cfg.compute_dtype,
-                                 param_dtype=actor_cfg.param_dtype, **tp)
+                                 param_dtype=actor_cfg.param_dtype, lora=self.lora, **tp)
         self.hf_config = self.actor.hf_config
         reference_dtype = Derived(config).reference_dtype
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
@@ -72,11 +76,15 @@ class ModelWorker:
             else None
         """The frozen vision tower of a Qwen2.5-VL actor (None for text): not in the optimizer, shared by the
         reference's forwards."""
-        self.params = self.actor.trainable_params()
+        self.params = self.actor.trainable_params()  # with LoRA, the adapters alone
         self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
-        hf_name_of = {id(param): name for name, param in self._hf_params.items()}
+        self._adapters = adapter_parameters(self.actor)  # {PEFT name: Parameter}; empty without LoRA
+        hf_name_of = {id(param): name for name, param in {**self._hf_params, **self._adapters}.items()}
         self.param_names = [hf_name_of[id(param)] for param in self.params]
         self.layout, self.full_shapes = self.actor.layout, self.actor.full_shapes
+        # the full shape of each trained tensor, by name: what the optimizer's state is resharded by
+        self.trained_shapes = ({name: tuple(param.shape) for name, param in self._adapters.items()}
+                               if self.lora else self.full_shapes)
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
         self.settings = LossConfig.of(rl)
@@ -99,8 +107,13 @@ class ModelWorker:
         # old-logprob scoring has no backward: the training forward serves unless it is marked for recompute
         scoring_forward = completion_forward(self.actor, config) if actor_cfg.recompute else actor_forward
         self._actor_logprobs = CompletionLogProbs(scoring_forward, sampling.temperature)
-        self._ref_logprobs = (CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
-                              if self.reference is not None else None)
+        if self.reference is not None:
+            self._ref_logprobs = CompletionLogProbs(completion_forward(self.reference, config), sampling.temperature)
+        elif self.lora is not None and rl.beta > 0:  # the backbone over the actor's own Parameters: no copy
+            self._ref_logprobs = CompletionLogProbs(completion_forward(self.actor, config, adapters=False),
+                                                    sampling.temperature)
+        else:
+            self._ref_logprobs = None
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[np.ndarray], *, seed: int,
@@ -151,7 +164,12 @@ class ModelWorker:
         """The actor as a Hugging Face folder (the checkpoint manager hands us a fresh, empty folder). Under tensor
         parallelism each tensor is gathered from the ranks' slices as it is written, one at a time; the other
         ranks of this tensor-parallel group must run :meth:`serve_export` meanwhile. The weights are written in
-        their own dtype (``actor_config.param_dtype``: bf16 working weights export as bf16, exactly)."""
+        their own dtype (``actor_config.param_dtype``: bf16 working weights export as bf16, exactly). With LoRA
+        the folder is the adapters' PEFT folder (the backbone is ``actor_config.load``, unchanged)."""
+        if self.lora is not None:
+            save_peft({name: host_array(param) for name, param in self._adapters.items()}, self.lora, out_dir,
+                      base_model=str(Path(self.config.actor_config.load).resolve()))
+            return
         dtype = self.config.actor_config.param_dtype
         if self.dist.tp_size == 1:
             export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
@@ -171,9 +189,13 @@ class ModelWorker:
         return self.layout.assemble(hf_name, list(pieces), self.full_shapes[hf_name])
 
     def load_weights(self, model_dir: Path) -> None:
-        """The actor's weights from an HF folder; under mixed precision the fp32 masters restart from them (a resume
-        then restores the exact masters with :meth:`load_optimizer`)."""
-        self.actor.load_weights(model_dir)
+        """The actor's weights from an HF folder (with LoRA: the adapters from a PEFT folder, the backbone staying
+        ``actor_config.load``'s); under mixed precision the fp32 masters restart from them (a resume then restores
+        the exact masters with :meth:`load_optimizer`)."""
+        if self.lora is not None:
+            self.actor.load_adapters(model_dir)
+        else:
+            self.actor.load_weights(model_dir)
         self.optimizer.sync_master_from_weights()
         if self.vision is not None:
             load_vision_weights(self.vision.tower, model_dir)
@@ -195,7 +217,7 @@ class ModelWorker:
         or not) to this one."""
         files = sorted(folder.glob("rank_*.safetensors"))
         state = load_resharded(files, ckpt.load_json(folder / "layout.json"), self.layout,
-                               self.optimizer.owned_names, self.full_shapes)
+                               self.optimizer.owned_names, self.trained_shapes)
         self.optimizer.load_state_arrays(state)
         self.optimizer.weights_from_masters()
 

@@ -69,17 +69,18 @@ class CompletionLogProbs(nn.Cell):
                 parallel_token_entropy(comm, rows).reshape(completion_ids.shape))
 
 
-def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = False) -> nn.Cell:
+def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = False,
+                       adapters: bool = True) -> nn.Cell:
     """The pass of ``model`` that ``actor_config.max_tokens_per_micro_batch`` and ``rl_config.share_prompt``
     select. ``backward``: it is the actor's training forward, so ``actor_config.recompute`` applies (scoring
-    without a backward never recomputes)."""
+    without a backward never recomputes). ``adapters=False``: a LoRA actor's backbone alone (its reference)."""
     rl = config.rl_config
     recompute = backward and config.actor_config.recompute
     if config.actor_config.max_tokens_per_micro_batch:
-        return model.packed(rl.seq_length, recompute=recompute)
+        return model.packed(rl.seq_length, recompute=recompute, adapters=adapters)
     if not rl.share_prompt:
-        return model.completions(rl.seq_length)
-    return model.shared_prompt(rl.num_generations, rl.seq_length, recompute=recompute)
+        return model.completions(rl.seq_length, adapters=adapters)
+    return model.shared_prompt(rl.num_generations, rl.seq_length, recompute=recompute, adapters=adapters)
 
 
 class GRPOLossCell(nn.Cell):

@@ -214,6 +214,7 @@ class GRPOTrainer:
         old_logp = generation.old_logp[index] if generation.old_logp else None
         with _timed(timings, "timing/update"):
             update = self.worker.update(rollouts, advantages, old_logp, ref_logp, total_steps=self.total_steps)
+        self._check_rollout_gap(update, first_step_of_generation=index == 0)
         if update["skipped"]:
             self.skipped_in_a_row += 1
             if self.skipped_in_a_row > rl.max_skipped_updates:
@@ -237,6 +238,23 @@ class GRPOTrainer:
         if rl.save_prompt_completions_data and self.step % max(1, rl.save_prompt_completions_interval) == 0:
             self._log_completions(generation, rows)
         return metrics
+
+    def _check_rollout_gap(self, update: Dict[str, float], *, first_step_of_generation: bool) -> None:
+        """Stop when the rollout sampled from other weights than the ones trained: a weight (or LoRA adapter) sync
+        to the rollout engine that did not take effect leaves the loss looking normal while the run samples a stale
+        policy. Only a generation's first step is measured against the sampling weights (later ones train on
+        after an update, where a gap is the point)."""
+        limit = Derived(self.config).max_rollout_logprob_gap
+        gap = update.get("rollout/logprob_diff_max")
+        if limit <= 0 or gap is None or not first_step_of_generation or gap <= limit:
+            return
+        what = "the LoRA adapters" if self.config.actor_config.lora_rank else "the weights"
+        raise TrainingError(
+            f"step {self.step + 1}: the rollout engine's log-probs of its own samples differ from the training "
+            f"forward's by up to {gap:.3g} (rl_config.max_rollout_logprob_gap = {limit:g}): the "
+            f"{self.config.generate_config.backend} engine sampled with other weights than the actor's, so the sync "
+            f"of {what} to the rollout engine did not take effect. Fix the sync; set "
+            "rl_config.max_rollout_logprob_gap: 0 only where such a gap is expected")
 
     # ------------------------------------------------------------------------------------------------------------
     def _rollout_and_score(self, timings: Dict[str, float]) -> Generation:

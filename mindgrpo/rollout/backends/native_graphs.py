@@ -190,16 +190,16 @@ class FusedDecodeGraph(Qwen2Blocks):
         hT = self._embed_t(tokens, table)  # [hidden, B]
         x = self.rms_norm_op(hT, self._w(0, self.f_norm1), self.eps_tensor)
         for i in range(self.num_layers):
-            ctx = self.attention_op(ops.matmul(self._w(i, self.f_wq), x), ops.matmul(self._w(i, self.f_wk), x),
-                                    ops.matmul(self._w(i, self.f_wv), x), self._w(i, self.f_bq),
+            ctx = self.attention_op(self._proj_t(i, self.f_wq, x), self._proj_t(i, self.f_wk, x),
+                                    self._proj_t(i, self.f_wv, x), self._w(i, self.f_bq),
                                     self._w(i, self.f_bk), self._w(i, self.f_bv), self.cos, self.sin, positions,
                                     start, write_pos, rows, self.store_keys[i])  # [hidden, B]
-            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_wo), ctx)),
+            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(self._proj_t(i, self.f_wo, ctx)),
                                          self._w(i, self.f_norm2), self.eps_tensor)
-            up = self.silu_mul_op(ops.matmul(self._w(i, self.f_w1), x), ops.matmul(self._w(i, self.f_w3), x))
+            up = self.silu_mul_op(self._proj_t(i, self.f_w1, x), self._proj_t(i, self.f_w3, x))
             # the next layer's input norm, or the final norm after the last layer
             norm = self._w(i + 1, self.f_norm1) if i + 1 < self.num_layers else self._param(1)
-            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(ops.matmul(self._w(i, self.f_w2), up)), norm,
+            hT, x = self.add_rms_norm_op(hT, self.comm.reduce_no_grad(self._proj_t(i, self.f_w2, up)), norm,
                                          self.eps_tensor)
         return self.comm.gather_slots(ops.matmul(self._head(head), x), 0)  # float32 logits [vocab, B], as DecodeGraph
 

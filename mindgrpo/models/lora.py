@@ -1,0 +1,193 @@
+"""LoRA adapters on the decoder's linear layers: what they are (:class:`LoraSpec`), their Parameters on a
+:class:`~mindgrpo.models.qwen2.Qwen2Model`, PEFT's initialisation and PEFT's folder format.
+
+A targeted linear ``y = x W^T (+ b)`` becomes ``y = x W^T (+ b) + s (x A^T) B^T`` with ``A [rank, in]``,
+``B [out, rank]`` and ``s = alpha / rank`` (PEFT's ``LoraLayer``, unmerged: the graphs of
+:mod:`mindgrpo.models.qwen2_blocks` add the low-rank product beside the frozen one). A starts Kaiming-uniform
+(``a = sqrt(5)``: U(-1/sqrt(in), 1/sqrt(in))) and B at zero, as PEFT initialises them, so a fresh adapter changes
+nothing: step 1's KL against the backbone is exactly 0.
+
+The adapters are float32 whatever the backbone's dtype (``actor_config.param_dtype``), and are the only trainable
+Parameters of a LoRA actor: the optimizer's state, the gradients and the checkpoints are theirs alone.
+
+A PEFT folder (``adapter_config.json`` + ``adapter_model.safetensors``, tensors named
+``base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight``) is what :func:`save_peft` writes and
+:func:`load_peft` reads; ``peft.PeftModel.from_pretrained`` loads it onto the transformers base
+(``tests/test_lora.py`` holds the logits equal).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Mapping, Tuple, Union
+
+import numpy as np
+
+from mindspore import Parameter, Tensor
+
+from mindgrpo.algorithm.registry import LORA_TARGET_MODULES as TARGET_MODULES
+
+PathLike = Union[str, Path]
+
+# HF module -> (the decoder layer's sub-Cell, its weight Cell in MindFormers' naming, the HF parent module), in
+# the model's Cell order (w1 = gate, w2 = down, w3 = up): the order of trainable_params() and so of the optimizer
+MODULE_CELLS = {"q_proj": ("attention", "wq", "self_attn"), "k_proj": ("attention", "wk", "self_attn"),
+                "v_proj": ("attention", "wv", "self_attn"), "o_proj": ("attention", "wo", "self_attn"),
+                "gate_proj": ("feed_forward", "w1", "mlp"), "down_proj": ("feed_forward", "w2", "mlp"),
+                "up_proj": ("feed_forward", "w3", "mlp")}
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."  # PeftModel wraps the CausalLM: its tensors are named from there
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """Rank, scaling and targets of a model's adapters (``actor_config.lora_*``)."""
+    rank: int
+    alpha: float
+    target_modules: Tuple[str, ...] = TARGET_MODULES
+
+    def __post_init__(self):
+        if self.rank <= 0:
+            raise ValueError(f"lora rank must be positive, got {self.rank}")
+        unknown = sorted(set(self.target_modules) - set(TARGET_MODULES))
+        if unknown or not self.target_modules:
+            raise ValueError(f"lora target_modules {list(self.target_modules)}: expected a non-empty subset of "
+                             f"{', '.join(TARGET_MODULES)}")
+        # canonical order, so a spec's identity (and a graph's key) does not depend on how the list was written
+        object.__setattr__(self, "target_modules", tuple(m for m in MODULE_CELLS if m in self.target_modules))
+
+    @property
+    def scale(self) -> float:
+        return float(self.alpha) / float(self.rank)
+
+    @property
+    def weight_fields(self) -> Tuple[str, ...]:
+        """The targeted weights in MindFormers' naming (``wq``, ``w1``, ...)."""
+        return tuple(MODULE_CELLS[m][1] for m in self.target_modules)
+
+
+def attach_adapters(model, spec: LoraSpec) -> None:
+    """Give each targeted weight Cell of ``model`` (a Qwen2Model) float32 ``lora_a`` [rank, in] and ``lora_b``
+    [out, rank] Parameters, zeros until :func:`init_adapters` or :func:`load_peft` fills them."""
+    for index, layer in enumerate(model.model.layers):
+        for module in spec.target_modules:
+            block, field, _ = MODULE_CELLS[module]
+            cell = getattr(getattr(layer, block), field)
+            out_features, in_features = cell.weight.shape
+            # named as their Cell path, as the backbone's are (a Parameter added after construction is not renamed)
+            prefix = f"model.layers.{index}.{block}.{field}"
+            cell.lora_a = Parameter(Tensor(np.zeros((spec.rank, in_features), np.float32)), name=f"{prefix}.lora_a")
+            cell.lora_b = Parameter(Tensor(np.zeros((out_features, spec.rank), np.float32)), name=f"{prefix}.lora_b")
+
+
+def adapter_parameters(model) -> Dict[str, Parameter]:
+    """The adapters of a Qwen2Model keyed by their name in a PEFT folder without :data:`PEFT_PREFIX`
+    (``model.layers.N.self_attn.q_proj.lora_A.weight``), in the model's Parameter order; empty without LoRA."""
+    spec = model.lora
+    if spec is None:
+        return {}
+    found: Dict[str, Parameter] = {}
+    for index, layer in enumerate(model.model.layers):
+        for module in spec.target_modules:
+            block, field, parent = MODULE_CELLS[module]
+            cell = getattr(getattr(layer, block), field)
+            prefix = f"model.layers.{index}.{parent}.{module}"
+            found[f"{prefix}.lora_A.weight"] = cell.lora_a
+            found[f"{prefix}.lora_B.weight"] = cell.lora_b
+    return found
+
+
+def init_adapters(model, seed: int = 0) -> None:
+    """PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (``kaiming_uniform_(a=sqrt(5))``), B = 0."""
+    rng = np.random.default_rng(seed)
+    for name, param in adapter_parameters(model).items():
+        if ".lora_A." in name:
+            bound = 1.0 / np.sqrt(param.shape[1])
+            value = rng.uniform(-bound, bound, param.shape).astype(np.float32)
+        else:
+            value = np.zeros(param.shape, np.float32)
+        param.set_data(Tensor(value))
+
+
+def peft_config(spec: LoraSpec, base_model: str) -> dict:
+    """``adapter_config.json`` as PEFT writes it for a ``LoraConfig`` of this spec (no dropout, no bias)."""
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_model,
+            "r": spec.rank, "lora_alpha": spec.alpha, "target_modules": list(spec.target_modules),
+            "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "inference_mode": True,
+            "init_lora_weights": True, "use_rslora": False, "use_dora": False, "modules_to_save": None,
+            "layers_to_transform": None, "layers_pattern": None, "rank_pattern": {}, "alpha_pattern": {},
+            "revision": None}
+
+
+def save_peft(arrays: Mapping[str, np.ndarray], spec: LoraSpec, out_dir: PathLike, *, base_model: str) -> Path:
+    """Write a PEFT folder from host arrays keyed as :func:`adapter_parameters` keys them; atomically (a temporary
+    folder beside ``out_dir``, then a rename), replacing ``out_dir`` if it exists."""
+    from safetensors.numpy import save_file
+
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        save_file({PEFT_PREFIX + name: np.ascontiguousarray(value, np.float32) for name, value in arrays.items()},
+                  str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        (tmp / CONFIG_FILE).write_text(json.dumps(peft_config(spec, base_model), indent=2), encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_peft_spec(adapter_dir: PathLike) -> LoraSpec:
+    """The :class:`LoraSpec` of a PEFT folder's ``adapter_config.json`` (LoRA on Qwen2 linears, no extras)."""
+    path = Path(adapter_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: an adapter folder holds {CONFIG_FILE} and {WEIGHTS_FILE} "
+                                "(as PEFT's save_pretrained writes them)")
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("peft_type") != "LORA":
+        raise ValueError(f"{path}: peft_type {config.get('peft_type')!r}; only LORA adapters are read")
+    extras = {key: config[key] for key in ("use_dora", "use_rslora", "modules_to_save") if config.get(key)}
+    if config.get("bias", "none") != "none":
+        extras["bias"] = config["bias"]
+    if extras:
+        raise ValueError(f"{path}: {extras} is not supported; only plain LoRA adapters are read (no DoRA, rsLoRA, "
+                         "trained biases or modules_to_save)")
+    targets = config.get("target_modules")
+    targets = [targets] if isinstance(targets, str) else list(targets or [])
+    return LoraSpec(rank=int(config["r"]), alpha=float(config["lora_alpha"]), target_modules=tuple(targets))
+
+
+def load_peft(model, adapter_dir: PathLike) -> None:
+    """Fill ``model``'s adapters from a PEFT folder, strictly: its rank, alpha and targets must be the model's and
+    every tensor must match by name and shape."""
+    from safetensors.numpy import load_file
+
+    folder = Path(adapter_dir)
+    stored_spec = read_peft_spec(folder)
+    if stored_spec != model.lora:
+        raise ValueError(f"{folder / CONFIG_FILE}: rank {stored_spec.rank}, alpha {stored_spec.alpha}, targets "
+                         f"{list(stored_spec.target_modules)}, but actor_config asks for rank {model.lora.rank}, "
+                         f"alpha {model.lora.alpha}, targets {list(model.lora.target_modules)}; set "
+                         "actor_config.lora_rank / lora_alpha / lora_target_modules to the adapter's")
+    path = folder / WEIGHTS_FILE
+    arrays = {name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name: value
+              for name, value in load_file(str(path)).items()}
+    # PEFT names tensors with the adapter's name ("lora_A.default.weight") only in memory; saved ones drop it
+    arrays = {name.replace(".default.", "."): value for name, value in arrays.items()}
+    params = adapter_parameters(model)
+    missing, unexpected = sorted(set(params) - set(arrays)), sorted(set(arrays) - set(params))
+    if missing or unexpected:
+        raise ValueError(f"{path}: adapters do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
+    for name, param in params.items():
+        if tuple(arrays[name].shape) != tuple(param.shape):
+            raise ValueError(f"{path}: {name} is {tuple(arrays[name].shape)}, the model's is {tuple(param.shape)}")
+        param.set_data(Tensor(np.ascontiguousarray(arrays[name], np.float32)))
