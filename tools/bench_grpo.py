@@ -98,15 +98,17 @@ def target(size: str, new_tokens: int, mix: str) -> float:
 def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, share_prompt: bool,
                  micro_batch: int = MICRO_BATCH, prompt_bucket: int = PROMPT_BUCKET, decode_impl: str = "fused",
                  new_tokens: int = NEW_TOKENS, packed_rows: int = PACKED_ROWS, prompts: int = PROMPTS,
-                 param_dtype: str = "float32"):
-    """The peer's settings as a mindgrpo config (`param_dtype`: the actor's weights, see actor_config.param_dtype)."""
+                 param_dtype: str = "float32", generations: int = GENERATIONS, lora_rank: int = 0,
+                 recompute: bool = False):
+    """The peer's settings as a mindgrpo config (`param_dtype`: the actor's weights, see actor_config.param_dtype;
+    `lora_rank`: LoRA adapters on every linear at lora_alpha 2 x rank, 0 = full-parameter)."""
     from mindgrpo.config import GRPOConfig, validate
 
     config = GRPOConfig()
     rl = config.rl_config
     rl.dataset_file, rl.tokenizer_dir, rl.output_dir = str(dataset), str(model_dir), str(out_dir)
     rl.mode, rl.max_steps, rl.seed = "graph", steps, 0
-    rl.batch_size, rl.num_generations, rl.num_iterations = prompts, GENERATIONS, 1
+    rl.batch_size, rl.num_generations, rl.num_iterations = prompts, generations, 1
     rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + new_tokens
     rl.beta, rl.loss_type, rl.kl_estimator, rl.scale_rewards = 0.04, "dapo", "k3", "group"
     rl.share_prompt, rl.prompt_bucket = share_prompt, prompt_bucket
@@ -114,14 +116,15 @@ def bench_config(model_dir: Path, dataset: Path, out_dir: Path, steps: int, shar
     actor = config.actor_config
     actor.load, actor.compute_dtype, actor.micro_batch_size = str(model_dir), "float32", micro_batch
     actor.param_dtype = param_dtype
+    actor.lora_rank, actor.lora_alpha, actor.recompute = lora_rank, 2.0 * lora_rank, recompute
     rows = min(packed_rows, max(1, PACKED_TOKENS // new_tokens))
     actor.max_tokens_per_micro_batch = rows * new_tokens if share_prompt else 0  # packing needs the shared prompt
     actor.optimizer.weight_decay, actor.optimizer.max_grad_norm = 0.0, 1.0  # TRL's AdamW defaults
     actor.lr_schedule.type, actor.lr_schedule.learning_rate = "linear", 1e-5  # TRL: linear decay from 1e-5
     actor.lr_schedule.warmup_steps = 0
-    config.ref_config.ref_model_batch_size = prompts * GENERATIONS  # no backward: its activations fit the pool
+    config.ref_config.ref_model_batch_size = prompts * generations  # no backward: its activations fit the pool
     gen = config.generate_config
-    gen.backend, gen.infer_model_batch_size = "native", prompts * GENERATIONS
+    gen.backend, gen.infer_model_batch_size = "native", prompts * generations
     gen.decode_impl = decode_impl
     s = gen.sampling_config
     s.temperature, s.top_p, s.top_k, s.max_tokens = 1.0, 1.0, -1, new_tokens
@@ -156,7 +159,8 @@ def peer_prompts(prompts: Path, out: Path) -> Path:
     return out
 
 
-def step_flops(hf: dict, prompt_lengths: List[int], completion_lengths: List[int]) -> Dict[str, float]:
+def step_flops(hf: dict, prompt_lengths: List[int], completion_lengths: List[int],
+               generations: int = GENERATIONS) -> Dict[str, float]:
     """FLOPs one step needs per phase for these real tokens (see the module docstring)."""
     h, layers, v = hf["hidden_size"], hf["num_hidden_layers"], hf["vocab_size"]
     heads = hf["num_attention_heads"]
@@ -168,7 +172,7 @@ def step_flops(hf: dict, prompt_lengths: List[int], completion_lengths: List[int
     def pairs(n: int, start: int = 0) -> int:  # causal (query, key) pairs of n tokens after `start` context tokens
         return n * start + n * (n + 1) // 2
 
-    g = GENERATIONS
+    g = generations
     groups = [(prompt_lengths[i], completion_lengths[i * g:(i + 1) * g]) for i in range(len(prompt_lengths))]
     prompt_once = sum(per_token * p + attn * pairs(p) for p, _ in groups)
     completions = sum(per_token * c + head * c + attn * pairs(c, p) for p, cs in groups for c in cs)
@@ -191,7 +195,7 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
     config = bench_config(model_dir, dataset, work / f"run_{size}",
                           args.steps, not args.no_share_prompt, args.micro_batch, args.prompt_bucket,
                           args.decode_impl, args.max_new_tokens, args.packed_rows, args.prompts_per_step,
-                          args.param_dtype)
+                          args.param_dtype, args.generations, args.lora_rank, args.recompute)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
     trainer.precompile()
@@ -207,8 +211,9 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         lengths = data.completion_mask.sum(1).tolist()
         steps.append({"seconds": seconds, "metrics": metrics, "lengths": lengths,
                       "tokens": int(data.prompt_lengths.sum() + data.completion_mask.sum()),
-                      "flops": step_flops(trainer.worker.hf_config, data.prompt_lengths[::GENERATIONS].tolist(),
-                                          lengths)})
+                      "flops": step_flops(trainer.worker.hf_config,
+                                          data.prompt_lengths[::args.generations].tolist(), lengths,
+                                          args.generations)})
     recompiles = trainer.worker.compiled_graphs() - graphs_before
     trainer.metrics.close()
     counted = steps[args.warmup:] or steps
@@ -223,7 +228,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
         "loss_impl": config.rl_config.loss_impl, "decode_impl": args.decode_impl, "param_dtype": args.param_dtype,
         "micro_batch": args.micro_batch, "max_tokens_per_micro_batch": config.actor_config.max_tokens_per_micro_batch,
         "prompt_bucket": args.prompt_bucket, "steps": len(steps), "counted_steps": len(counted),
-        "batch": args.prompts_per_step * GENERATIONS, "setup_and_compile_s": round(setup_s, 1),
+        "batch": args.prompts_per_step * args.generations, "setup_and_compile_s": round(setup_s, 1),
+        "lora_rank": args.lora_rank, "recompute": args.recompute,
         "sec_per_step": round(statistics.median(s["seconds"] for s in counted), 4),
         "tokens_per_sec": round(statistics.median(s["tokens"] / s["seconds"] for s in counted), 1),
         "mean_tokens_per_step": statistics.mean(s["tokens"] for s in counted),
@@ -379,7 +385,12 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-impl", choices=["fused", "plain"], default="fused",
                         help="generate_config.decode_impl (the rollout's decode-step kernels)")
     parser.add_argument("--prompts-per-step", type=int, default=PROMPTS,
-                        help=f"prompts per optimizer step, {GENERATIONS} completions each (default %(default)s)")
+                        help="prompts per optimizer step, --generations completions each (default %(default)s)")
+    parser.add_argument("--generations", type=int, default=GENERATIONS,
+                        help="completions per prompt (rl_config.num_generations; default %(default)s)")
+    parser.add_argument("--lora-rank", type=int, default=0,
+                        help="mindgrpo's actor_config.lora_rank (alpha 2 x rank); 0: full-parameter")
+    parser.add_argument("--recompute", action="store_true", help="mindgrpo's actor_config.recompute")
     parser.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32",
                         help="mindgrpo's actor weights (actor_config.param_dtype); TRL runs float32")
 

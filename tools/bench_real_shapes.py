@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from bench_grpo import check_inputs, peer_prompts, run_process, summary
-from benchlib import ASSETS_CACHE, bench_assets, cpu_model, write_model
+from benchlib import ASSETS_CACHE, bench_assets, cpu_model, write_model, write_model_sharded
 
 # Qwen2.5's published configs (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B)
 QWEN2_5 = {
@@ -47,8 +47,15 @@ QWEN2_5 = {
                  intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768),
     "1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
                  intermediate_size=8960, vocab_size=151936, max_position_embeddings=32768),
+    "3b": dict(hidden_size=2048, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2,
+               intermediate_size=11008, vocab_size=151936, max_position_embeddings=32768),
+    "7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+               intermediate_size=18944, vocab_size=152064, max_position_embeddings=32768),
 }
-TOKENS_TARGET, RSS_TARGET, BF16_RSS_TARGET = 1.5, 1.0, 0.7
+# Written in bf16, one shard per layer (tools/benchlib.write_model_sharded): too large to draw whole in float32 here.
+# Qwen2.5-3B ties its embeddings, Qwen2.5-7B does not.
+SHARDED_BF16 = {"3b": True, "7b": False}  # size -> tie_word_embeddings
+TOKENS_TARGET, RSS_TARGET, BF16_RSS_TARGET, LORA_RSS_TARGET = 1.5, 1.0, 0.7, 0.5
 PLANNER_TOLERANCE = 0.25  # the planner's prediction within 25 % of the measured peak RSS
 
 
@@ -62,7 +69,11 @@ def real_model(size: str, cache: Path) -> Path:
     ids = json.loads((assets.root / "assets.json").read_text())["special_ids"]
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=cache))
     try:
-        write_model(staging, QWEN2_5[size], pad=ids["<|endoftext|>"], eos=ids["<|im_end|>"])
+        if size in SHARDED_BF16:
+            write_model_sharded(staging, QWEN2_5[size], tied=SHARDED_BF16[size], pad=ids["<|endoftext|>"],
+                                eos=ids["<|im_end|>"])
+        else:
+            write_model(staging, QWEN2_5[size], pad=ids["<|endoftext|>"], eos=ids["<|im_end|>"])
         for item in assets.tokenizer_dir.iterdir():
             shutil.copyfile(item, staging / item.name)
         staging.chmod(0o755)
@@ -79,17 +90,24 @@ def commands(size: str, model: Path, work: Path, args: argparse.Namespace, promp
     threads = ["--threads", str(args.threads)] if args.threads else []
     runs = {}
     for dtype in args.dtypes:
-        runs[f"mindgrpo {dtype}"] = [
-            sys.executable, str(Path(__file__).with_name("bench_grpo.py")), "--worker", size, "--model-dir",
-            str(model), "--work-dir", str(work), "--prompts", str(assets.prompts), "--prompts-source", assets.source,
-            "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype,
-            "--packed-rows", str(args.packed_rows), *common, *threads]
+        for rank in args.lora_ranks:
+            runs[run_name(dtype, rank)] = [
+                sys.executable, str(Path(__file__).with_name("bench_grpo.py")), "--worker", size, "--model-dir",
+                str(model), "--work-dir", str(work), "--prompts", str(assets.prompts), "--prompts-source",
+                assets.source, "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype,
+                "--packed-rows", str(args.packed_rows), "--generations", str(args.generations), "--lora-rank",
+                str(rank), "--micro-batch", str(args.micro_batch), *(["--recompute"] if args.recompute else []),
+                *common, *threads]
     if args.vs_trl:
         runs["TRL float32"] = [
             args.vs_trl, str(Path(__file__).with_name("trl_peer.py")), "--model", str(model),
             "--prompts", str(peer_prompts(assets.prompts, work / f"peer_{assets.root.name}.jsonl")),
             "--max-completion-length", str(args.max_new_tokens), *common, *threads]
     return runs
+
+
+def run_name(dtype: str, lora_rank: int) -> str:
+    return f"mindgrpo {dtype}" + (f" LoRA r{lora_rank}" if lora_rank else "")
 
 
 def run_rounds(runs: Dict[str, list], repeats: int, log) -> Dict[str, List[Dict]]:
@@ -113,7 +131,9 @@ def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_
     """Markdown rows: one per run kind (the median of its runs), with its ratios and targets."""
     med = {name: summary(runs) for name, runs in results.items() if runs}
     fp32, trl = med.get("mindgrpo float32"), med.get("TRL float32")
-    lines = [f"Qwen2.5-{size} shape, {prompts_per_step} prompts x 8 x {new_tokens} new tokens ({cpu_model()})",
+    generations = next((row["batch"] // prompts_per_step for row in med.values() if "batch" in row), 8)
+    lines = [f"Qwen2.5-{size} shape, {prompts_per_step} prompts x {generations} x {new_tokens} new tokens "
+             f"({cpu_model()})",
              "| run | tokens/s | s/step | peak RSS GiB | planner GiB | vs TRL tokens/s | vs TRL RSS | target |",
              "|---|---|---|---|---|---|---|---|"]
     for name in results:
@@ -133,6 +153,10 @@ def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_
             met = (row["tokens_per_sec"] >= TOKENS_TARGET * trl["tokens_per_sec"]
                    and row["peak_rss_mib"] <= RSS_TARGET * trl["peak_rss_mib"])
             target = f"≥ {TOKENS_TARGET}x tokens/s, ≤ {RSS_TARGET}x RSS: {'met' if met else 'NOT met'}"
+        if name.startswith("mindgrpo float32 LoRA") and fp32:
+            ratio = row["peak_rss_mib"] / fp32["peak_rss_mib"]
+            target = (f"RSS {ratio:.2f}x full float32's, ≤ {LORA_RSS_TARGET}x: "
+                      f"{'met' if ratio <= LORA_RSS_TARGET else 'NOT met'}")
         if name == "mindgrpo bfloat16" and fp32:
             ratio = row["peak_rss_mib"] / fp32["peak_rss_mib"]
             target = (f"RSS {ratio:.2f}x float32's, ≤ {BF16_RSS_TARGET}x: "
@@ -147,7 +171,12 @@ def main() -> int:
     parser.add_argument("--sizes", nargs="+", default=["0.5b"], choices=sorted(QWEN2_5))
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"],
                         help="mindgrpo's actor_config.param_dtype runs")
+    parser.add_argument("--lora-ranks", nargs="+", type=int, default=[0],
+                        help="mindgrpo runs per dtype: full-parameter (0) and/or LoRA of these ranks (alpha 2 x rank)")
     parser.add_argument("--prompts-per-step", type=int, default=2)
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--micro-batch", type=int, default=16, help="mindgrpo's actor_config.micro_batch_size")
+    parser.add_argument("--recompute", action="store_true", help="mindgrpo's actor_config.recompute")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps excluded from the statistics")

@@ -73,6 +73,66 @@ def write_model(folder: Path, dims: Dict[str, int], seed: int = 0, pad: int = PA
     return folder
 
 
+def write_model_sharded(folder: Path, dims: Dict, *, tied: bool, pad: int = PAD, eos: int = EOS, seed: int = 0,
+                        dtype: str = "bfloat16") -> Path:
+    """A random Qwen2 of `dims` too large to hold twice in memory (Qwen2.5-7B's 15 GB in bf16): drawn one tensor at
+    a time with torch (normal(0, 0.02) matrices, zero biases, unit norms, as transformers initialises them), stored
+    in `dtype` as Hugging Face's sharded layout, one shard per decoder layer plus one for the embeddings and head,
+    with its `model.safetensors.index.json`."""
+    import torch
+    from safetensors.torch import save_file
+
+    torch_dtype = getattr(torch, dtype)
+    generator = torch.Generator().manual_seed(seed)
+    h, heads = dims["hidden_size"], dims["num_attention_heads"]
+    d = h // heads
+    kv = dims["num_key_value_heads"] * d
+    inter = dims["intermediate_size"]
+
+    def normal(*shape: int):
+        return (torch.randn(shape, generator=generator) * 0.02).to(torch_dtype)
+
+    def zeros(n: int):
+        return torch.zeros(n, dtype=torch_dtype)
+
+    def ones(n: int):
+        return torch.ones(n, dtype=torch_dtype)
+
+    folder.mkdir(parents=True, exist_ok=True)
+    layers = dims["num_hidden_layers"]
+    weight_map: Dict[str, str] = {}
+
+    def shard(index: int, tensors: Dict) -> None:
+        name = f"model-{index + 1:05d}-of-{layers + 1:05d}.safetensors"
+        save_file(tensors, str(folder / name), metadata={"format": "pt"})
+        weight_map.update({key: name for key in tensors})
+
+    outer = {"model.embed_tokens.weight": normal(dims["vocab_size"], h), "model.norm.weight": ones(h)}
+    if not tied:
+        outer["lm_head.weight"] = normal(dims["vocab_size"], h)
+    shard(0, outer)
+    del outer
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shard(i + 1, {p + "self_attn.q_proj.weight": normal(heads * d, h), p + "self_attn.q_proj.bias": zeros(heads * d),
+                      p + "self_attn.k_proj.weight": normal(kv, h), p + "self_attn.k_proj.bias": zeros(kv),
+                      p + "self_attn.v_proj.weight": normal(kv, h), p + "self_attn.v_proj.bias": zeros(kv),
+                      p + "self_attn.o_proj.weight": normal(h, heads * d),
+                      p + "mlp.gate_proj.weight": normal(inter, h), p + "mlp.up_proj.weight": normal(inter, h),
+                      p + "mlp.down_proj.weight": normal(h, inter),
+                      p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h)})
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map},
+                                                                    indent=1))
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_act": "silu",
+              "max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "tie_word_embeddings": tied,
+              "bos_token_id": pad, "pad_token_id": pad, "eos_token_id": eos, "use_sliding_window": False,
+              "rope_theta": 1e6, "torch_dtype": dtype, **dims}
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    generation = {"bos_token_id": pad, "pad_token_id": pad, "eos_token_id": eos}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=1))
+    return folder
+
+
 def write_small_model(folder: Path, seed: int = 0) -> Path:
     """A random `small` Qwen2 (no tokenizer: pad 4093, eos 4095)."""
     return write_model(folder, SMALL, seed)
