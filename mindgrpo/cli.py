@@ -6,6 +6,7 @@ Commands:
   data          convert a prompt dataset (GSM8K jsonl, DeepScaleR json, DAPO-Math parquet) into a MindRecord
                 (as tools/rlhf_data.py, with MindRLHF's flags)
   eval          GSM8K accuracy of a model or run folder: greedy pass@1 and sampled maj@k (as tools/eval_gsm8k.py)
+  merge         a LoRA run's adapter folder merged into its base as a plain Hugging Face folder
   plot          training curves of one or more runs as PNGs (as tools/plot_metrics.py)
   doctor        check Python, MindSpore/MindFormers, the device, the fused op, msrun, the master port, folders,
                 and with --config every path and the parallel layout
@@ -27,6 +28,7 @@ COMMANDS = {
     "train": "mindgrpo.apps.train_cli:main",
     "data": "mindgrpo.apps.data_cli:main",
     "eval": "mindgrpo.apps.eval_cli:main",
+    "merge": "mindgrpo.apps.merge_cli:main",
     "plot": "mindgrpo.apps.plot_cli:main",
     "doctor": "mindgrpo.apps.doctor:main",
     "plan": "mindgrpo.apps.plan:main",

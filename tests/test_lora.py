@@ -166,3 +166,27 @@ def test_peft_folder_loads_in_peft_and_back(tmp_path, tiny_model_dir):
     (folder / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
     with pytest.raises(ValueError, match="use_dora"):
         read_peft_spec(folder)
+
+
+def test_merged_folder_loads_in_transformers_with_peft_merged_logits(tmp_path, tiny_model_dir):
+    """`mindgrpo merge`: the base with W + s B A, a plain HF folder that transformers loads, whose logits equal
+    PEFT's own merge_and_unload() of the same adapter (1e-5); an adapter for another base is refused."""
+    from mindgrpo.cli import main as cli
+
+    spec = LoraSpec(RANK, ALPHA)
+    model = build_model(tiny_model_dir, lora=spec)
+    values = _random_adapters(model)
+    folder = save_peft(values, spec, tmp_path / "adapter", base_model=str(tiny_model_dir))
+    assert cli(["merge", str(folder), str(tmp_path / "merged")]) == 0
+    merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged"), dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
+    reference = peft.PeftModel.from_pretrained(base, str(folder)).merge_and_unload()
+    ids, mask, _ = _batch(model.spec.vocab_size)
+    with torch.no_grad():
+        np.testing.assert_allclose(_torch_logprobs(merged, ids, mask).numpy(),
+                                   _torch_logprobs(reference, ids, mask).numpy(), atol=1e-5)
+    (tmp_path / "other").mkdir()
+    other = save_peft({name.replace("layers.0.", "layers.9."): v for name, v in values.items()}, spec,
+                      tmp_path / "other" / "adapter", base_model=str(tiny_model_dir))
+    assert cli(["merge", str(other), str(tmp_path / "merged2")]) == 2
+    assert not (tmp_path / "merged2").exists()

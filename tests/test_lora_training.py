@@ -98,3 +98,30 @@ def test_stale_adapters_in_the_rollout_stop_the_run(tmp_path, monkeypatch, demo_
         trainer.train()
     first = read_metrics(tmp_path / "run")[0]
     assert first["rollout/logprob_diff_max"] <= 1e-5  # step 1 sampled the same (initial) adapters
+
+
+def test_eval_and_logprobs_take_the_base_plus_the_adapter_folder(lora_run, demo_plain):
+    """A LoRA run's checkpoint is evaluated as the base plus its adapters: `mindgrpo.logprobs` with `adapter_dir`
+    equals the trained policy's own forward (and not the base's), and `evaluate` on the run folder finds the
+    adapter folder and its base by itself."""
+    import mindgrpo
+    from mindgrpo.apps.evaluation import evaluate, resolve_model
+
+    out, trainer, _ = lora_run
+    adapter = out / "checkpoints" / "step_00000004" / "model"
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, trainer.worker.actor.spec.vocab_size, (2, 10))
+    mask = np.ones_like(ids)
+    tuned = mindgrpo.logprobs(demo_plain.model_dir, ids, mask, adapter_dir=adapter, mode="pynative")
+    base = mindgrpo.logprobs(demo_plain.model_dir, ids, mask, mode="pynative")
+    from mindgrpo.models.scoring import SequenceScorer
+
+    policy = SequenceScorer(demo_plain.model_dir)
+    policy.model = trainer.worker.actor  # the trained actor itself: backbone and adapters as they ended
+    np.testing.assert_allclose(tuned, policy(ids, mask, mode="pynative"), atol=1e-5)
+    assert np.abs(tuned - base).max() > 1e-3
+
+    resolved = resolve_model(out)
+    assert resolved.adapter_dir == adapter and resolved.weights_dir.resolve() == demo_plain.model_dir.resolve()
+    result = evaluate(out, demo_plain.test_jsonl, limit=4, max_new_tokens=8, batch_size=4, progress=False)
+    assert result.summary["adapter"] == str(adapter.resolve()) and len(result.records) == 4

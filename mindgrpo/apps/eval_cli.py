@@ -27,10 +27,13 @@ from mindgrpo.data import PROMPT_TEMPLATES
 def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo eval") -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hugging Face folder, mindgrpo run folder, checkpoints/ folder or step_N folder")
+    parser.add_argument("model", help="Hugging Face folder, LoRA adapter folder (PEFT's), mindgrpo run folder, "
+                                      "checkpoints/ folder or step_N folder")
     parser.add_argument("data", help="GSM8K-format jsonl, e.g. gsm8k/test.jsonl")
     parser.add_argument("--output", help="per-problem results (jsonl); default: eval_<DATA name>.jsonl here")
     parser.add_argument("--tokenizer", help="tokenizer folder, when MODEL has none (the base model folder)")
+    parser.add_argument("--base", help="the base model folder of a LoRA adapter MODEL (default: the base its "
+                                       "adapter_config.json names)")
     parser.add_argument("--template", choices=sorted(PROMPT_TEMPLATES),
                         help="prompt template; default: the run's training template, else gsm8k_hash")
     parser.add_argument("--limit", type=int, help="evaluate only the first N problems")
@@ -54,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo e
         result = evaluate(args.model, args.data, output=output, tokenizer=args.tokenizer, template=args.template,
                           limit=args.limit, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           samples=args.samples, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                          compute_dtype=args.dtype, progress=not args.no_progress)
+                          compute_dtype=args.dtype, progress=not args.no_progress, base=args.base)
     except ValueError as err:  # EvaluationError, DataError, TokenizerError, bad sampling settings: all name the fix
         print(f"error: {err}", file=sys.stderr)
         return 2

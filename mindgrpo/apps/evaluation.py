@@ -37,6 +37,7 @@ from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render
 from mindgrpo.rewards.answers import extract_answer, extract_answer_text, normalize_math_answer
 from mindgrpo.rewards.verifiers import accuracy_reward
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
+from mindgrpo.models.lora import adapter_base, is_adapter_folder, read_peft_spec
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_TEMPLATE = "gsm8k_hash"
@@ -66,6 +67,8 @@ class ResolvedModel:
     """Checkpoint step, for a mindgrpo checkpoint."""
     note: str = ""
     """Why the template is unknown (empty when it is known or the folder is a plain Hugging Face model)."""
+    adapter_dir: Optional[Path] = None
+    """A LoRA adapter folder (PEFT's format) applied on ``weights_dir``, the base: a LoRA run's checkpoint."""
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -117,7 +120,8 @@ def _training_template(config: Any) -> Tuple[Optional[str], str]:
     return template, ""
 
 
-def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None) -> ResolvedModel:
+def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None, base: Optional[PathLike] = None
+                  ) -> ResolvedModel:
     """Find the weights, tokenizer and training settings behind `path`.
 
     `path` is one of: a Hugging Face folder (config.json + safetensors, e.g. a base model or a checkpoint's
@@ -125,6 +129,9 @@ def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None) -> Resol
     that passes its manifest check is used); a run folder (``rl_config.output_dir``: its ``config.yaml`` names the
     checkpoint folder). The tokenizer is `tokenizer` when given, else the weights folder's own (checkpoints carry
     one), else the run's ``tokenizer_dir``.
+
+    A LoRA adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's format: a LoRA run's
+    checkpoint ``model/``) is applied on `base`, or on the base its ``adapter_config.json`` names.
     """
     path = Path(path).expanduser()
     if not path.exists():
@@ -133,7 +140,7 @@ def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None) -> Resol
     step_dir: Optional[Path] = None
     config: Optional[Any] = None
     verified = False  # CheckpointManager.latest() has already hashed every file
-    if _is_hf_folder(path):
+    if _is_hf_folder(path) or is_adapter_folder(path):
         if (path.parent / MANIFEST).is_file():  # the model part of a checkpoint: check the checkpoint is whole
             step_dir = path.parent
     elif (path / MANIFEST).is_file():
@@ -156,11 +163,19 @@ def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None) -> Resol
             raise EvaluationError(f"checkpoint {step_dir} is not usable: {err}") from err
         step = int(manifest["step"])
         path = step_dir / "model"
-        if not _is_hf_folder(path):
-            raise EvaluationError(f"checkpoint {step_dir} has no model/ part with config.json + safetensors")
+        if not (_is_hf_folder(path) or is_adapter_folder(path)):
+            raise EvaluationError(f"checkpoint {step_dir} has no model/ part with config.json + safetensors (or a "
+                                  "LoRA adapter folder)")
         if config is None:  # the trainer's default layout: <run>/checkpoints/step_N
             config, note = _run_settings(step_dir.parent.parent)
 
+    adapter_dir = None
+    if is_adapter_folder(path):
+        adapter_dir = path
+        try:
+            path = adapter_base(adapter_dir, base)
+        except FileNotFoundError as err:
+            raise EvaluationError(str(err)) from err
     template = None
     if config is not None:
         template, note = _training_template(config)
@@ -177,7 +192,7 @@ def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None) -> Resol
         raise EvaluationError(f"{path} has no tokenizer (tokenizer.json or vocab.json + merges.txt); pass "
                               "--tokenizer with the base model folder (tokenizer=... from Python)")
     fallback = bool(config.reward_config.fallback_last_number) if config is not None else False
-    return ResolvedModel(path, tokenizer_dir, template, fallback, step, note)
+    return ResolvedModel(path, tokenizer_dir, template, fallback, step, note, adapter_dir)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -364,7 +379,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
              tokenizer: Optional[PathLike] = None, template: Optional[str] = None, limit: Optional[int] = None,
              max_new_tokens: int = 512, batch_size: int = 32, samples: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, seed: int = 0, compute_dtype: str = "float32", progress: bool = True,
-             log: Optional[Callable[[str], None]] = None) -> EvalResult:
+             log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None) -> EvalResult:
     """Evaluate `model` (see :func:`resolve_model`) on the problems of `data`.
 
     Greedy decoding gives pass@1; with ``samples = k > 0``, ``k`` more completions per problem at `temperature`
@@ -386,20 +401,22 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                     num_generations=samples, seed=seed) if samples else None)
     problems = read_problems(data, limit=limit)
-    resolved = resolve_model(model, tokenizer)
+    resolved = resolve_model(model, tokenizer, base)
     if template is None:
         template = resolved.template or DEFAULT_TEMPLATE
         if resolved.template is None and resolved.note:
             say(f"[eval] template {template} (the training template is unknown: {resolved.note}; "
                 "pass --template to choose)")
     say(f"[eval] {len(problems)} problems from {data}; model {resolved.weights_dir}"
+        + (f" + LoRA adapters {resolved.adapter_dir}" if resolved.adapter_dir is not None else "")
         + (f" (checkpoint step {resolved.step})" if resolved.step is not None else "") + f"; template {template}")
 
     from mindgrpo.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolved.tokenizer_dir)
     prompt_ids = tok.encode_batch([render_prompt(template, p.question) for p in problems])
-    engine = _build_engine(resolved.weights_dir, tok, max(map(len, prompt_ids)), batch_size, compute_dtype)
+    engine = _build_engine(resolved.weights_dir, tok, max(map(len, prompt_ids)), batch_size, compute_dtype,
+                           resolved.adapter_dir)
 
     start = time.perf_counter()
     greedy, reasons, tokens = generate_completions(engine, tok, prompt_ids, greedy_params, batch_size=batch_size,
@@ -415,6 +432,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
                                      fallback_last_number=resolved.fallback_last_number,
                                      finish_reasons=[r[0] for r in reasons])
     summary = {"data": str(Path(data).resolve()), "model": str(resolved.weights_dir.resolve()),
+               **({"adapter": str(resolved.adapter_dir.resolve())} if resolved.adapter_dir is not None else {}),
                "step": resolved.step, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
                **({"temperature": temperature, "top_p": top_p} if samples else {}), **scores,
                "generated_tokens": tokens, "seconds": round(seconds, 2)}
@@ -424,12 +442,16 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     return result
 
 
-def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: int, compute_dtype: str) -> Any:
-    """The native KV-cache engine over an inference copy of the weights, stopping on every stop token."""
+def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: int, compute_dtype: str,
+                  adapter_dir: Optional[Path] = None) -> Any:
+    """The native KV-cache engine over an inference copy of the weights (and LoRA adapters, unmerged), stopping on
+    every stop token."""
     from mindgrpo.models import build_model
     from mindgrpo.rollout import build_rollout_engine
 
-    model = build_model(weights_dir, role="inference", compute_dtype=compute_dtype)
+    lora = None if adapter_dir is None else read_peft_spec(adapter_dir)
+    model = build_model(weights_dir, role="inference", compute_dtype=compute_dtype, lora=lora,
+                        adapter_dir=adapter_dir)
     # the engine's prompt-length buckets: size its limit to the same grid
     max_prompt_length = -(-longest_prompt // PROMPT_LENGTH_BUCKET) * PROMPT_LENGTH_BUCKET
     return build_rollout_engine("native", model, eos_token_id=tok.stop_token_ids, pad_token_id=tok.pad_token_id,

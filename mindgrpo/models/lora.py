@@ -23,11 +23,9 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Mapping, Tuple, Union
+from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
-
-from mindspore import Parameter, Tensor
 
 from mindgrpo.algorithm.registry import LORA_TARGET_MODULES as TARGET_MODULES
 
@@ -75,6 +73,8 @@ class LoraSpec:
 def attach_adapters(model, spec: LoraSpec) -> None:
     """Give each targeted weight Cell of ``model`` (a Qwen2Model) float32 ``lora_a`` [rank, in] and ``lora_b``
     [out, rank] Parameters, zeros until :func:`init_adapters` or :func:`load_peft` fills them."""
+    from mindspore import Parameter, Tensor  # deferred: reading a PEFT folder (eval, the CLI) loads no MindSpore
+
     for index, layer in enumerate(model.model.layers):
         for module in spec.target_modules:
             block, field, _ = MODULE_CELLS[module]
@@ -86,13 +86,13 @@ def attach_adapters(model, spec: LoraSpec) -> None:
             cell.lora_b = Parameter(Tensor(np.zeros((out_features, spec.rank), np.float32)), name=f"{prefix}.lora_b")
 
 
-def adapter_parameters(model) -> Dict[str, Parameter]:
+def adapter_parameters(model) -> Dict[str, "Parameter"]:
     """The adapters of a Qwen2Model keyed by their name in a PEFT folder without :data:`PEFT_PREFIX`
     (``model.layers.N.self_attn.q_proj.lora_A.weight``), in the model's Parameter order; empty without LoRA."""
     spec = model.lora
     if spec is None:
         return {}
-    found: Dict[str, Parameter] = {}
+    found = {}
     for index, layer in enumerate(model.model.layers):
         for module in spec.target_modules:
             block, field, parent = MODULE_CELLS[module]
@@ -105,6 +105,8 @@ def adapter_parameters(model) -> Dict[str, Parameter]:
 
 def init_adapters(model, seed: int = 0) -> None:
     """PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (``kaiming_uniform_(a=sqrt(5))``), B = 0."""
+    from mindspore import Tensor
+
     rng = np.random.default_rng(seed)
     for name, param in adapter_parameters(model).items():
         if ".lora_A." in name:
@@ -166,9 +168,27 @@ def read_peft_spec(adapter_dir: PathLike) -> LoraSpec:
     return LoraSpec(rank=int(config["r"]), alpha=float(config["lora_alpha"]), target_modules=tuple(targets))
 
 
+def is_adapter_folder(folder: PathLike) -> bool:
+    return (Path(folder) / CONFIG_FILE).is_file() and (Path(folder) / WEIGHTS_FILE).is_file()
+
+
+def adapter_base(adapter_dir: PathLike, base: Optional[PathLike] = None) -> Path:
+    """The base model folder of a PEFT folder: ``base`` when given, else its ``base_model_name_or_path`` (mindgrpo
+    writes the absolute path of ``actor_config.load``), which must be a local folder."""
+    if base is not None:
+        return Path(base).expanduser()
+    config_path = Path(adapter_dir) / CONFIG_FILE
+    named = json.loads(config_path.read_text(encoding="utf-8")).get("base_model_name_or_path") or ""
+    if not named or not (Path(named) / "config.json").is_file():
+        raise FileNotFoundError(f"{config_path}: base_model_name_or_path = {named!r} is not a local model folder; "
+                                "pass the base model's folder (--base, or base= from Python)")
+    return Path(named)
+
+
 def load_peft(model, adapter_dir: PathLike) -> None:
     """Fill ``model``'s adapters from a PEFT folder, strictly: its rank, alpha and targets must be the model's and
     every tensor must match by name and shape."""
+    from mindspore import Tensor
     from safetensors.numpy import load_file
 
     folder = Path(adapter_dir)
@@ -191,3 +211,48 @@ def load_peft(model, adapter_dir: PathLike) -> None:
         if tuple(arrays[name].shape) != tuple(param.shape):
             raise ValueError(f"{path}: {name} is {tuple(arrays[name].shape)}, the model's is {tuple(param.shape)}")
         param.set_data(Tensor(np.ascontiguousarray(arrays[name], np.float32)))
+
+
+def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathLike] = None,
+               dtype: Optional[str] = None, overwrite: bool = False) -> Path:
+    """A Hugging Face folder of the base with the adapters merged in, ``W + s B A`` (in float32, then ``dtype``:
+    by default the base's stored dtype), which transformers loads without PEFT. One tensor at a time: the merge
+    holds no second model. Text models (a Qwen2.5-VL base's vision tower is not carried over: load the adapter
+    with PEFT instead)."""
+    from safetensors.numpy import load_file
+
+    from mindgrpo.hf_config import read_hf_config
+    from mindgrpo.models.export import export_hf_arrays
+    from mindgrpo.models.safetensors_io import SafetensorsReader
+    from mindgrpo.models.weights import checkpoint_files
+
+    base_dir = adapter_base(adapter_dir, base)
+    spec = read_peft_spec(adapter_dir)
+    hf_config = read_hf_config(base_dir)
+    if "vision_config" in hf_config:
+        raise ValueError(f"{base_dir} is a Qwen2.5-VL model: merging its adapters is not supported; load "
+                         f"{adapter_dir} onto it with peft.PeftModel.from_pretrained")
+    files = checkpoint_files(base_dir)
+    readers = {path: SafetensorsReader(path) for path in set(files.values())}
+    adapters = {name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name: value
+                for name, value in load_file(str(Path(adapter_dir) / WEIGHTS_FILE)).items()}
+    targets = {name[:-len(".lora_A.weight")] for name in adapters if name.endswith(".lora_A.weight")}
+    unmatched = sorted(t for t in targets if f"{t}.weight" not in files)
+    if unmatched:
+        raise ValueError(f"{adapter_dir}: adapters for {unmatched[:4]}, which {base_dir} does not have: the adapter "
+                         "belongs to another base")
+
+    def fetch(name: str) -> np.ndarray:
+        weight = readers[files[name]].read(name)
+        target = name[:-len(".weight")]
+        if target in targets:
+            update = adapters[f"{target}.lora_B.weight"].astype(np.float32) @ adapters[f"{target}.lora_A.weight"]
+            weight = weight + np.float32(spec.scale) * update
+        return weight
+
+    stored = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float32")
+    shapes = {name: readers[files[name]].shape(name) for name in files}
+    has_tokenizer = (base_dir / "tokenizer.json").is_file() or (base_dir / "vocab.json").is_file()
+    return export_hf_arrays(out_dir, shapes, fetch, hf_config=hf_config,
+                            tokenizer_dir=base_dir if has_tokenizer else None, dtype=dtype or stored,
+                            overwrite=overwrite)

@@ -139,9 +139,9 @@ class Qwen2Model(nn.Cell):
       gradient, eval mode).
     * ``compute_dtype``: the matmuls' dtype (``float32``, ``bfloat16``, ``float16``); weights stored in another
       dtype are cast at use.
-    * ``lora``: the LoRA adapters' :class:`~mindgrpo.models.lora.LoraSpec` (an actor's), or None. With adapters the
-      backbone is frozen: the adapters (float32, on the targeted weight Cells as ``lora_a``/``lora_b``) are the
-      only trainable Parameters, and every pass can run with them (the policy) or without (the reference).
+    * ``lora``: the LoRA adapters' :class:`~mindgrpo.models.lora.LoraSpec`, or None. With adapters the backbone is
+      frozen: an actor's adapters (float32, on the targeted weight Cells as ``lora_a``/``lora_b``) are its only
+      trainable Parameters, and every pass can run with them (the policy) or without (the reference).
 
     The Parameters start as zeros (calloc'd: untouched pages cost no memory), to be filled by
     :func:`mindgrpo.models.weights.load_hf_weights` or :meth:`init_random`.
@@ -152,9 +152,9 @@ class Qwen2Model(nn.Cell):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
-        if lora is not None and (role != "actor" or layout.tp > 1):
-            raise ValueError("LoRA adapters are an actor's, at model_parallel 1 (tensor-parallel adapters are not "
-                             f"built yet): got role={role!r}, model_parallel={layout.tp}")
+        if lora is not None and layout.tp > 1:
+            raise ValueError("LoRA adapters run at model_parallel 1 (tensor-parallel adapters are not built yet): "
+                             f"got model_parallel={layout.tp}")
         self.lora = lora
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
         self.full_shapes = dict(full_shapes(spec))
@@ -174,8 +174,10 @@ class Qwen2Model(nn.Cell):
             for param in self.get_parameters():
                 param.requires_grad = False
         if lora is not None:
-            attach_adapters(self, lora)  # after the freeze: the adapters alone are trainable
+            attach_adapters(self, lora)  # after the freeze: an actor's adapters alone are trainable
         if role != "actor":
+            for param in self.get_parameters():
+                param.requires_grad = False
             self.set_train(False)
 
     def load_weights(self, model_dir: PathLike) -> None:

@@ -34,6 +34,7 @@ from mindgrpo.models.qwen2 import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
 from mindgrpo.hf_config import check_dtype, qwen2_spec, read_hf_config
 from mindgrpo.models.image_tokens import image_source_rows
+from mindgrpo.models.lora import read_peft_spec
 from mindgrpo.models.mrope import get_rope_index
 from mindgrpo.models.vision import build_vision_tower
 
@@ -94,13 +95,16 @@ class SequenceScorer:
     :func:`logprobs` without rebuilding the model. ``compute_dtype`` (float32, bfloat16, float16) is the dtype of
     the weights and the matmuls; log-probs are always computed in float32."""
 
-    def __init__(self, model_dir: PathLike, *, compute_dtype: str = "float32"):
+    def __init__(self, model_dir: PathLike, *, compute_dtype: str = "float32", adapter_dir: Optional[PathLike] = None):
         check_dtype("compute_dtype", compute_dtype)
         self.model_dir = Path(model_dir)
         self.hf_config = read_hf_config(model_dir)
         self.spec = qwen2_spec(self.hf_config, source=str(self.model_dir / "config.json"))
         self.is_vl = bool(self.spec.mrope_section)
-        self.model = build_model(model_dir, role="reference", compute_dtype=compute_dtype)
+        # a LoRA adapter folder (PEFT's format) on this base: its adapters applied, unmerged
+        lora = None if adapter_dir is None else read_peft_spec(adapter_dir)
+        self.model = build_model(model_dir, role="reference", compute_dtype=compute_dtype, lora=lora,
+                                 adapter_dir=adapter_dir)
         self.vision_tower = build_vision_tower(model_dir, dtype=compute_dtype) if self.is_vl else None
         self._graphs: Dict[int, _NextTokenLogprobs] = {}  # by RoPE table size
 
@@ -170,7 +174,7 @@ class SequenceScorer:
 
 
 def logprobs(model_dir: PathLike, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
-             mode: str = "graph") -> np.ndarray:
+             mode: str = "graph", adapter_dir: Optional[PathLike] = None) -> np.ndarray:
     """Per-token log-probs ``[batch, length - 1]`` (float32 numpy) of ``input_ids`` under the Hugging Face folder
     ``model_dir`` (Qwen2/Qwen2.5 or Qwen2.5-VL): column ``t`` is ``log p(input_ids[:, t+1] | input_ids[:, :t+1])``.
 
@@ -183,7 +187,11 @@ def logprobs(model_dir: PathLike, input_ids, attention_mask, pixel_values=None, 
     * ``mode``: ``"graph"`` (compiled, faster for long inputs) or ``"pynative"``; the caller's MindSpore mode is
       restored afterwards.
 
+    * ``adapter_dir``: a LoRA adapter folder (PEFT's ``adapter_config.json`` + ``adapter_model.safetensors``, as a
+      mindgrpo LoRA checkpoint's ``model/`` holds) applied on ``model_dir``, the base.
+
     Builds the model on every call; use :class:`SequenceScorer` to score many batches with one model.
     """
     _check_mode(mode)  # before the (slow) build
-    return SequenceScorer(model_dir)(input_ids, attention_mask, pixel_values, image_grid_thw, mode=mode)
+    return SequenceScorer(model_dir, adapter_dir=adapter_dir)(input_ids, attention_mask, pixel_values,
+                                                              image_grid_thw, mode=mode)
