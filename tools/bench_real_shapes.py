@@ -127,11 +127,11 @@ def run_rounds(runs: Dict[str, list], repeats: int, log) -> Dict[str, List[Dict]
     return results
 
 
-def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_tokens: int) -> List[str]:
+def table(size: str, prompts_per_step: int, results: Dict[str, List[Dict]], new_tokens: int,
+          generations: int = 8) -> List[str]:
     """Markdown rows: one per run kind (the median of its runs), with its ratios and targets."""
     med = {name: summary(runs) for name, runs in results.items() if runs}
     fp32, trl = med.get("mindgrpo float32"), med.get("TRL float32")
-    generations = next((row["batch"] // prompts_per_step for row in med.values() if "batch" in row), 8)
     lines = [f"Qwen2.5-{size} shape, {prompts_per_step} prompts x {generations} x {new_tokens} new tokens "
              f"({cpu_model()})",
              "| run | tokens/s | s/step | peak RSS GiB | planner GiB | vs TRL tokens/s | vs TRL RSS | target |",
@@ -218,7 +218,7 @@ def main() -> int:
                             if k == "mindgrpo float32" or (k == "TRL float32" and args.capacity_trl)}
                 results = run_rounds(runs, repeats, log)
                 failed |= not all(results[k] for k in results if k.startswith("mindgrpo"))
-                for line in table(size, prompts, results, args.max_new_tokens):
+                for line in table(size, prompts, results, args.max_new_tokens, args.generations):
                     log(line)
     if out:
         out.close()

@@ -11,6 +11,7 @@ the warm-started demo model is the same), one after the other:
     length    the same trained on another reward, the completion's length (`length_reward` below): the weights
               move as much, with no signal about the answers
     dapo      examples/grpo/dapo_demo.yaml on the demo's model and data
+    lora      examples/grpo/lora_demo.yaml: LoRA adapters on the frozen demo model
 
 The sampled accuracy is `grpo/rewards/accuracy_reward`, that of a step's (first round of) completions. It prints,
 per config, the mean over the seeds of every 10 steps and of the whole run (the README's DAPO table), each seed's
@@ -34,7 +35,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "examples" / "grpo" / "main.py"
 METRIC = "grpo/rewards/accuracy_reward"
-CONFIGS = ("grpo", "nolearn", "length", "dapo")
+CONFIGS = ("grpo", "nolearn", "length", "dapo", "lora")
+YAML = {"dapo": "dapo_demo.yaml", "lora": "lora_demo.yaml"}
 
 
 def length_reward(completion: str, gold: str, **_context) -> float:
@@ -45,8 +47,8 @@ def length_reward(completion: str, gold: str, **_context) -> float:
 
 def command(config: str, seed: int, run_dir: Path, demo_flags: Dict[str, str]) -> List[str]:
     args = [sys.executable, str(MAIN)]
-    if config == "dapo":
-        args += ["--config", str(REPO / "examples" / "grpo" / "dapo_demo.yaml"),
+    if config in YAML:
+        args += ["--config", str(REPO / "examples" / "grpo" / YAML[config]),
                  *(item for flag, value in demo_flags.items() for item in (f"--{flag}", value))]
     args += [f"rl_config.seed={seed}", f"rl_config.output_dir={run_dir.resolve()}"]
     if config == "length":

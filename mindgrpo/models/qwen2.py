@@ -159,12 +159,18 @@ class Qwen2Model(nn.Cell):
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
         self.full_shapes = dict(full_shapes(spec))
         self.compute_dtype = check_dtype("compute_dtype", compute_dtype)
-        dtype = getattr(ms, check_dtype("param_dtype", param_dtype))
+        dtype = self.param_dtype = getattr(ms, check_dtype("param_dtype", param_dtype))
+
+        # A frozen LoRA backbone's embedding table and head are stored float32 on CPU (the bf16 values, exactly):
+        # MindSpore's CPU backend has no bf16 Gather or MatMul, so every graph would otherwise keep its own float32
+        # cast of them (2.2 GB each for Qwen2.5-7B, in every compiled graph's memory), where this holds one.
+        wide_tables = lora is not None and dtype == ms.bfloat16 and ms.get_context("device_target") == "CPU"
 
         def make(hf_name: str) -> Parameter:
             zeros = Tensor.from_numpy(np.zeros(layout.local_shape(hf_name, self.full_shapes[hf_name]), np.float32))
             # RMSNorm scales stay float32 in every dtype (as MindFormers keeps them): a few KB, and exact
-            return Parameter(zeros if dtype == ms.float32 or is_norm(hf_name) else zeros.astype(dtype))
+            wide = is_norm(hf_name) or (wide_tables and hf_name in ("model.embed_tokens.weight", "lm_head.weight"))
+            return Parameter(zeros if dtype == ms.float32 or wide else zeros.astype(dtype))
 
         self.model = _Body(make, spec.num_hidden_layers)
         embedding = self.model.tok_embeddings.embedding_weight
@@ -191,6 +197,8 @@ class Qwen2Model(nn.Cell):
         for name, param in hf_parameters(self).items():
             value = self.layout.take(name, _random_value(name, self.full_shapes[name], rng))
             tensor = Tensor.from_numpy(np.ascontiguousarray(value))
+            if self.param_dtype == ms.bfloat16 and param.dtype == ms.float32:  # a table kept wide: bf16 values
+                tensor = tensor.astype(ms.bfloat16).astype(ms.float32)
             param.set_data(tensor if param.dtype == ms.float32 else tensor.astype(param.dtype))
         if self.lora is not None:
             init_adapters(self, seed)

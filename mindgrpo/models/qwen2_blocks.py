@@ -258,14 +258,20 @@ class Qwen2Blocks(nn.Cell):
     # ``x @ W.T`` needs) is 2-3x slower at these shapes; transposing the small activations instead is cheap, and
     # the weights stay the actor's own. Blocks also use as few ops as the math allows (each op costs a launch):
     # SiLU, one RoPE for q and k together, rotate-half as one matmul.
-    def _param(self, index: int):
+    def _param(self, index: int, after=None):
+        """Weight ``index`` in the compute dtype. A weight stored in another dtype is cast at use; with ``after``
+        (the activation it multiplies) the cast waits for it, so a graph holds one layer's cast weights at a time
+        instead of casting every weight up front (they depend on nothing else): a bf16 Qwen2.5-7B cast whole to
+        float32 would need 30 GB beside its 15 GB of weights."""
         weight = self.weights[index]
         if self.cast_at[index]:
+            if after is not None:
+                weight = ops.depend(weight, after)
             weight = ops.cast(weight, self.dtype)
         return weight
 
-    def _w(self, layer: int, field: int):
-        return self._param(self.layer_base + layer * self.stride + field)
+    def _w(self, layer: int, field: int, after=None):
+        return self._param(self.layer_base + layer * self.stride + field, after)
 
     def _table_and_head(self):
         """The embedding table and the lm_head weight, each read once for the whole graph; a tied head is the
@@ -298,7 +304,7 @@ class Qwen2Blocks(nn.Cell):
 
     def _proj_t(self, layer: int, weight: int, x):
         """W x for feature-major x [in, rows], plus the weight's LoRA term s B (A x) when it has adapters."""
-        y = ops.matmul(self._w(layer, weight), x)
+        y = ops.matmul(self._w(layer, weight, x), x)
         if self.lora_a_at[weight] >= 0:
             down = ops.matmul(self._w(layer, self.lora_a_at[weight]), x) * self.lora_scale  # [rank, rows]
             y = y + ops.matmul(self._w(layer, self.lora_b_at[weight]), down)
@@ -306,7 +312,7 @@ class Qwen2Blocks(nn.Cell):
 
     def _proj_rows(self, layer: int, weight: int, x):
         """x W^T for row-major x [rows, in], plus the weight's LoRA term s (x A^T) B^T when it has adapters."""
-        y = self.matmul_t(x, self._w(layer, weight))
+        y = self.matmul_t(x, self._w(layer, weight, x))
         if self.lora_a_at[weight] >= 0:
             down = self.matmul_t(x, self._w(layer, self.lora_a_at[weight])) * self.lora_scale  # [rows, rank]
             y = y + self.matmul_t(down, self._w(layer, self.lora_b_at[weight]))
