@@ -431,6 +431,10 @@ def test_vision_language_layouts_that_cannot_run_are_refused_before_training(tmp
     with pytest.raises(ConfigError, match=r"actor_config.parallel_config.model_parallel = 2: tensor parallelism "
                                           r"does not yet run the vision tower"):
         check_run_inputs(cfg, load_tokenizer(demo_plain.model_dir), PromptDataset(prompts))
+    cfg = make_config(tmp_path / "run1", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
+    cfg.actor_config.lora_rank = 4
+    with pytest.raises(ConfigError, match=r"actor_config.lora_rank = 4: LoRA on Qwen2.5-VL is not built yet"):
+        check_run_inputs(cfg, load_tokenizer(demo_plain.model_dir), PromptDataset(prompts))
     cfg = make_config(tmp_path / "run2", prompts, vl, tokenizer_dir=str(demo_plain.model_dir))
     cfg.actor_config.freeze_vision_tower = False
     with pytest.raises(ConfigError, match=r"actor_config.freeze_vision_tower = false: training the Qwen2.5-VL "

@@ -198,7 +198,8 @@ def run_mindgrpo(size: str, model_dir: Path, work: Path, args: argparse.Namespac
                           args.param_dtype, args.generations, args.lora_rank, args.recompute)
     start = time.perf_counter()
     trainer = GRPOTrainer(config)
-    trainer.precompile()
+    if not args.no_precompile:
+        trainer.precompile()
     setup_s = time.perf_counter() - start
     steps = []
     for i in range(args.steps):
@@ -391,6 +392,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-rank", type=int, default=0,
                         help="mindgrpo's actor_config.lora_rank (alpha 2 x rank); 0: full-parameter")
     parser.add_argument("--recompute", action="store_true", help="mindgrpo's actor_config.recompute")
+    parser.add_argument("--no-precompile", action="store_true",
+                        help="compile in the first step, as a run's first step does (with --warmup 0 the step's "
+                             "time includes compiling; a precompile would run a whole rollout first)")
     parser.add_argument("--param-dtype", choices=["float32", "bfloat16"], default="float32",
                         help="mindgrpo's actor weights (actor_config.param_dtype); TRL runs float32")
 

@@ -97,6 +97,7 @@ def commands(size: str, model: Path, work: Path, args: argparse.Namespace, promp
                 assets.source, "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype,
                 "--packed-rows", str(args.packed_rows), "--generations", str(args.generations), "--lora-rank",
                 str(rank), "--micro-batch", str(args.micro_batch), *(["--recompute"] if args.recompute else []),
+                *(["--no-precompile"] if args.no_precompile else []),
                 *common, *threads]
     if args.vs_trl:
         runs["TRL float32"] = [
@@ -177,6 +178,8 @@ def main() -> int:
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
     parser.add_argument("--micro-batch", type=int, default=16, help="mindgrpo's actor_config.micro_batch_size")
     parser.add_argument("--recompute", action="store_true", help="mindgrpo's actor_config.recompute")
+    parser.add_argument("--no-precompile", action="store_true",
+                        help="mindgrpo compiles in its first step instead of before it (see bench_grpo.py)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps excluded from the statistics")

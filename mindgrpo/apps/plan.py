@@ -346,6 +346,10 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
         cache = kv_cache_bytes(hf_config, model_parallel=model_parallel, batch=gen.infer_model_batch_size,
                                prompt_len=rl.max_prompt_length, max_tokens=sampling.max_tokens,
                                compute_dtype=actor.compute_dtype)
+    if device == "cpu" and actor.lora_rank and actor.param_dtype == "bfloat16":
+        # a frozen bf16 LoRA backbone keeps its embedding table and head float32 on CPU (models/qwen2.py)
+        tables = int(hf_config["vocab_size"]) * int(hf_config["hidden_size"]) // model_parallel
+        state["weights"] += 2 * tables * (1 if hf_config.get("tie_word_embeddings", False) else 2)
     parts = {"weights": state["weights"], "gradients": state["gradients"], "optimizer": state["optimizer"],
              "activations": activation_bytes(hf_config, recompute=False, **shape),
              "activations_recompute": activation_bytes(hf_config, recompute=True, **shape),

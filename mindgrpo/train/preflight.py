@@ -238,6 +238,9 @@ def _check_vision_fits(config: "GRPOConfig", dataset: PromptDataset, model_dir: 
     if rl.beta > 0 and config.ref_load != actor.load:
         problems.append(f"ref_config.load = {config.ref_load}: the reference shares the actor's frozen vision "
                         "tower, so it must be the actor's folder (leave ref_config.load empty)")
+    if actor.lora_rank:
+        problems.append(f"actor_config.lora_rank = {actor.lora_rank}: LoRA on Qwen2.5-VL is not built yet (its "
+                        "checkpoints and resume do not carry the vision tower); set lora_rank: 0")
     if problems:
         raise ConfigError(f"actor_config.load = {model_dir} is a Qwen2.5-VL model:\n  - " + "\n  - ".join(problems))
 
