@@ -176,12 +176,11 @@ class Qwen2Model(nn.Cell):
         embedding = self.model.tok_embeddings.embedding_weight
         self.lm_head = _Weight(embedding if spec.tie_word_embeddings else make("lm_head.weight"))
         embedding.name = "model.tok_embeddings.embedding_weight"  # a tied head took it over: MindFormers' name
-        if role != "actor" or lora is not None:  # frozen: a reference, a rollout model, or a LoRA backbone
+        if lora is not None:  # a frozen backbone, then the adapters: an actor's only trainable Parameters
             for param in self.get_parameters():
                 param.requires_grad = False
-        if lora is not None:
-            attach_adapters(self, lora)  # after the freeze: an actor's adapters alone are trainable
-        if role != "actor":
+            attach_adapters(self, lora)
+        if role != "actor":  # a reference or a rollout model: nothing trains
             for param in self.get_parameters():
                 param.requires_grad = False
             self.set_train(False)
@@ -261,8 +260,8 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     only this rank's slices, read straight from the same folder. With ``load_weights=False`` the weights are
     random (:meth:`Qwen2Model.init_random`).
 
-    ``lora``: the actor gets adapters on a frozen backbone, read from ``adapter_dir`` (a PEFT folder) or, without
-    one, initialised as PEFT does (B = 0).
+    ``lora``: LoRA adapters on a frozen backbone (an actor trains them; the other roles run them), read from
+    ``adapter_dir`` (a PEFT folder) or, without one, initialised as PEFT does (B = 0).
     """
     check_dtype("compute_dtype", compute_dtype)
     if param_dtype is None:
