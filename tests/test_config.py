@@ -234,3 +234,7 @@ def test_rollout_gap_limit_is_on_where_rollout_and_training_compute_the_same_mat
     assert Derived(cfg).max_rollout_logprob_gap == 0.0
     cfg.rl_config.max_rollout_logprob_gap = 0.5
     assert Derived(cfg).max_rollout_logprob_gap == 0.5
+    for key, value in (("top_p", 0.95), ("top_k", 50), ("repetition_penalty", 1.05), ("min_tokens", 2)):
+        cfg = GRPOConfig()  # the engine's log-probs are then those of the filtered distribution
+        setattr(cfg.generate_config.sampling_config, key, value)
+        assert Derived(cfg).max_rollout_logprob_gap == 0.0, key

@@ -210,7 +210,8 @@ def test_trainer_logs_the_length_metrics_and_does_not_recompile(tmp_path, demo_p
     config = small_run_config(tmp_path / "run", demo_prompts, demo_plain.model_dir, max_prompt_length=64,
                               seq_length=80, max_tokens=max_tokens, verifiers=["toy_verifiers:text_length"],
                               max_steps=3, overlong_buffer_length=buffer, overlong_penalty_factor=0.5,
-                              mask_truncated_completions=True, loss_type="dapo")
+                              mask_truncated_completions=True, loss_type="dapo",
+                              max_rollout_logprob_gap=0.0)  # EOS written over sampled tokens below: a real gap
     trainer = GRPOTrainer(config)
     engine = trainer.worker.engine
     monkeypatch.setattr(engine, "generate", some_stop_early(engine.generate, trainer.tokenizer.eos_token_id,

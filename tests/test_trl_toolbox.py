@@ -394,6 +394,7 @@ def test_trainer_runs_every_option_in_graph_mode_without_recompiling(tmp_path, d
     for name, options in RUNS.items():
         config = small_run_config(tmp_path / name, demo_prompts, demo_plain.model_dir, max_prompt_length=64,
                                   seq_length=80, max_tokens=8, verifiers=["toy_verifiers:text_length"], max_steps=2,
+                                  max_rollout_logprob_gap=0.0,  # the sampling log-probs are made up below
                                   **options)
         if name.endswith("packed"):
             config.actor_config.max_tokens_per_micro_batch = 32

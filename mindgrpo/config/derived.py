@@ -57,14 +57,19 @@ class Derived:
 
     @property
     def max_rollout_logprob_gap(self) -> float:
-        """``rl_config.max_rollout_logprob_gap`` resolved: its default (-1) is 1e-3 where the rollout engine and
-        the training forward compute the same float32 math, else 0 (off)."""
+        """``rl_config.max_rollout_logprob_gap`` resolved: its default (-1) is 1e-3 where the rollout engine's
+        log-probs are of the distribution the training forward computes, in the same float32 math, else 0 (off).
+        The engine reports the log-probs of the distribution it drew from, after the repetition penalty, the EOS
+        ban of ``min_tokens``, top-k and top-p (the temperature both sides apply), so any of those makes a gap."""
         gap = self.config.rl_config.max_rollout_logprob_gap
         if gap >= 0:
             return gap
+        sampling = self.config.generate_config.sampling_config
+        plain = (sampling.repetition_penalty == 1.0 and sampling.min_tokens == 0 and sampling.top_k <= 0
+                 and sampling.top_p >= 1.0)
         same_math = (self.config.generate_config.backend == "native"
                      and self.config.actor_config.compute_dtype == "float32")
-        return 1e-3 if same_math else 0.0
+        return 1e-3 if same_math and plain else 0.0
 
     def prompt_width(self, longest_prompt: int) -> int:
         """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of

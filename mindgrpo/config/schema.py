@@ -499,8 +499,10 @@ class CheckpointConfig:
     """Stop the run when ``rollout/logprob_diff_max`` (the largest |training forward log-prob - rollout engine's
     log-prob| over a step's sampled tokens) exceeds this: the rollout then sampled from other weights than the ones
     being trained (a weight or adapter sync that did not happen), which no loss curve shows. -1 (default): 1e-3
-    where both compute the same float32 math (the native backend at compute_dtype float32, measured gap about 1e-5),
-    off elsewhere (bf16 on Ascend, vLLM, MindFormers, where a gap is expected); 0: off."""
+    where both compute the same float32 math of the same distribution (the native backend at compute_dtype float32,
+    sampling without repetition_penalty, min_tokens, top_k or top_p, whose log-probs are of the filtered
+    distribution; measured gap about 1e-5), off elsewhere (bf16 on Ascend, vLLM, MindFormers, where a gap is
+    expected); 0: off."""
 
 @dataclass
 class RLConfig(CheckpointConfig, RewardShapingConfig, LossConfig, ShapesConfig, GenerationConfig, ScheduleConfig,
