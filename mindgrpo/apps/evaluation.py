@@ -37,7 +37,7 @@ from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render
 from mindgrpo.rewards.answers import extract_answer, extract_answer_text, normalize_math_answer
 from mindgrpo.rewards.verifiers import accuracy_reward
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
-from mindgrpo.models.lora import adapter_base, is_adapter_folder, read_peft_spec
+from mindgrpo.models.lora import adapter_base, is_adapter_folder
 
 PathLike = Union[str, os.PathLike]
 DEFAULT_TEMPLATE = "gsm8k_hash"
@@ -449,9 +449,7 @@ def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: 
     from mindgrpo.models import build_model
     from mindgrpo.rollout import build_rollout_engine
 
-    lora = None if adapter_dir is None else read_peft_spec(adapter_dir)
-    model = build_model(weights_dir, role="inference", compute_dtype=compute_dtype, lora=lora,
-                        adapter_dir=adapter_dir)
+    model = build_model(weights_dir, role="inference", compute_dtype=compute_dtype, adapter_dir=adapter_dir)
     # the engine's prompt-length buckets: size its limit to the same grid
     max_prompt_length = -(-longest_prompt // PROMPT_LENGTH_BUCKET) * PROMPT_LENGTH_BUCKET
     return build_rollout_engine("native", model, eos_token_id=tok.stop_token_ids, pad_token_id=tok.pad_token_id,

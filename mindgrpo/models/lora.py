@@ -168,6 +168,18 @@ def read_peft_spec(adapter_dir: PathLike) -> LoraSpec:
     return LoraSpec(rank=int(config["r"]), alpha=float(config["lora_alpha"]), target_modules=tuple(targets))
 
 
+def read_peft_arrays(adapter_dir: PathLike) -> Dict[str, np.ndarray]:
+    """A PEFT folder's tensors keyed as :func:`adapter_parameters` keys them (without :data:`PEFT_PREFIX`)."""
+    from safetensors.numpy import load_file
+
+    arrays = {}
+    for name, value in load_file(str(Path(adapter_dir) / WEIGHTS_FILE)).items():
+        name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+        # PEFT names tensors with the adapter's name ("lora_A.default.weight") only in memory; saved ones drop it
+        arrays[name.replace(".default.", ".")] = value
+    return arrays
+
+
 def is_adapter_folder(folder: PathLike) -> bool:
     return (Path(folder) / CONFIG_FILE).is_file() and (Path(folder) / WEIGHTS_FILE).is_file()
 
@@ -189,7 +201,6 @@ def load_peft(model, adapter_dir: PathLike) -> None:
     """Fill ``model``'s adapters from a PEFT folder, strictly: its rank, alpha and targets must be the model's and
     every tensor must match by name and shape."""
     from mindspore import Tensor
-    from safetensors.numpy import load_file
 
     folder = Path(adapter_dir)
     stored_spec = read_peft_spec(folder)
@@ -199,10 +210,7 @@ def load_peft(model, adapter_dir: PathLike) -> None:
                          f"alpha {model.lora.alpha}, targets {list(model.lora.target_modules)}; set "
                          "actor_config.lora_rank / lora_alpha / lora_target_modules to the adapter's")
     path = folder / WEIGHTS_FILE
-    arrays = {name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name: value
-              for name, value in load_file(str(path)).items()}
-    # PEFT names tensors with the adapter's name ("lora_A.default.weight") only in memory; saved ones drop it
-    arrays = {name.replace(".default.", "."): value for name, value in arrays.items()}
+    arrays = read_peft_arrays(folder)
     params = adapter_parameters(model)
     missing, unexpected = sorted(set(params) - set(arrays)), sorted(set(arrays) - set(params))
     if missing or unexpected:
@@ -219,8 +227,6 @@ def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathL
     by default the base's stored dtype), which transformers loads without PEFT. One tensor at a time: the merge
     holds no second model. Text models (a Qwen2.5-VL base's vision tower is not carried over: load the adapter
     with PEFT instead)."""
-    from safetensors.numpy import load_file
-
     from mindgrpo.hf_config import read_hf_config
     from mindgrpo.models.export import export_hf_arrays
     from mindgrpo.models.safetensors_io import SafetensorsReader
@@ -234,8 +240,7 @@ def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathL
                          f"{adapter_dir} onto it with peft.PeftModel.from_pretrained")
     files = checkpoint_files(base_dir)
     readers = {path: SafetensorsReader(path) for path in set(files.values())}
-    adapters = {name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name: value
-                for name, value in load_file(str(Path(adapter_dir) / WEIGHTS_FILE)).items()}
+    adapters = read_peft_arrays(adapter_dir)
     targets = {name[:-len(".lora_A.weight")] for name in adapters if name.endswith(".lora_A.weight")}
     unmatched = sorted(t for t in targets if f"{t}.weight" not in files)
     if unmatched:

@@ -27,7 +27,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
-from mindgrpo.models.lora import LoraSpec, attach_adapters, init_adapters, load_peft
+from mindgrpo.models.lora import LoraSpec, attach_adapters, init_adapters, load_peft, read_peft_spec
 from mindgrpo.models.weights import hf_parameters, load_hf_weights
 from mindgrpo.parallel.layout import TPLayout
 
@@ -261,11 +261,14 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     random (:meth:`Qwen2Model.init_random`).
 
     ``lora``: LoRA adapters on a frozen backbone (an actor trains them; the other roles run them), read from
-    ``adapter_dir`` (a PEFT folder) or, without one, initialised as PEFT does (B = 0).
+    ``adapter_dir`` (a PEFT folder, whose own spec is used when ``lora`` is not given) or, without one, initialised
+    as PEFT does (B = 0).
     """
     check_dtype("compute_dtype", compute_dtype)
     if param_dtype is None:
         param_dtype = "float32" if role == "actor" else compute_dtype
+    if lora is None and adapter_dir is not None:
+        lora = read_peft_spec(adapter_dir)
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
     model = Qwen2Model(spec, hf_config, TPLayout.for_hf_config(hf_config, tp_size, tp_rank), tp_group, role=role,

@@ -34,7 +34,6 @@ from mindgrpo.models.qwen2 import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
 from mindgrpo.hf_config import check_dtype, qwen2_spec, read_hf_config
 from mindgrpo.models.image_tokens import image_source_rows
-from mindgrpo.models.lora import read_peft_spec
 from mindgrpo.models.mrope import get_rope_index
 from mindgrpo.models.vision import build_vision_tower
 
@@ -102,9 +101,7 @@ class SequenceScorer:
         self.spec = qwen2_spec(self.hf_config, source=str(self.model_dir / "config.json"))
         self.is_vl = bool(self.spec.mrope_section)
         # a LoRA adapter folder (PEFT's format) on this base: its adapters applied, unmerged
-        lora = None if adapter_dir is None else read_peft_spec(adapter_dir)
-        self.model = build_model(model_dir, role="reference", compute_dtype=compute_dtype, lora=lora,
-                                 adapter_dir=adapter_dir)
+        self.model = build_model(model_dir, role="reference", compute_dtype=compute_dtype, adapter_dir=adapter_dir)
         self.vision_tower = build_vision_tower(model_dir, dtype=compute_dtype) if self.is_vl else None
         self._graphs: Dict[int, _NextTokenLogprobs] = {}  # by RoPE table size
 
