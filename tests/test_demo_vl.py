@@ -8,11 +8,12 @@ from pathlib import Path
 from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-# Seed 0 as shipped (90 steps, learning rate 1e-3), measured on this machine: accuracy by 10 steps 0.435 0.358 0.499
-# | 0.507 0.449 0.486 | 0.616 0.585 0.546, first 30 steps 0.431, last 30 0.583 (rise 0.152); 120 steps reach 0.65.
-# A run that does not learn keeps its mean; over 30 steps of 64 samples (per-step sd about 0.08) two window means
-# differ by about 0.02 (sd), so MIN_RISE is about 4 sd above no learning and 0.07 below what seed 0 scored.
-MIN_RISE = 0.08
+# Seed 0 as shipped (180 steps, learning rate 1e-3), measured on an AMD EPYC (Zen 3): first 60 steps 0.460, last 60
+# 0.636 (rise 0.176); seeds 1 and 2 rose 0.179 and 0.195. At 90 steps the rise was 0.08 to 0.21 by seed and by
+# machine (the CI machine and this one gave 0.078 for seed 0), too close to no learning to test, hence 180.
+# A run that does not learn keeps its mean; over 60 steps of 64 samples (per-step sd about 0.08) two window means
+# differ by about 0.015 (sd), so MIN_RISE is over 6 sd above no learning and 0.076 below the lowest seed's rise.
+MIN_RISE = 0.10
 
 
 def test_vl_demo_accuracy_rises(tmp_path):

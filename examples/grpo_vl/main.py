@@ -1,6 +1,6 @@
 """GRPO on Qwen2.5-VL, embedded demo: a tiny Qwen2.5-VL made locally learns to count coloured squares in pictures.
 
-    python examples/grpo_vl/main.py [--out output/demo_vl] [--steps 90] [--seed 0]
+    python examples/grpo_vl/main.py [--out output/demo_vl] [--steps 180] [--seed 0]
 
 No download: mindgrpo.apps.demo_vl builds the model, the pictures (as geo3k rows, through the geo3k converter) and a
 short supervised warm start; then the library's GRPOTrainer trains it (vision tower frozen, run once per prompt per
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # train with this 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog=Path(__file__).name, description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="output/demo_vl", help="folder for the demo and the run (replaced)")
-    parser.add_argument("--steps", type=int, default=90, help="GRPO steps")
+    parser.add_argument("--steps", type=int, default=180, help="GRPO steps")
     parser.add_argument("--seed", type=int, default=0, help="rl_config.seed (data order and sampling)")
     args = parser.parse_args(argv)
 
