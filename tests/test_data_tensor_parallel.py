@@ -5,9 +5,11 @@ same step in one process taking both ranks' prompts (``batch_size`` x 2) sample 
 completions are drawn by its place in the global batch, not by rank), normalise the loss alike (``dapo``'s token
 mean counts the tokens of every data-parallel rank) and clip the same global gradient norm (summed over the TP and
 averaged over the DP groups with the real collectives; ``max_grad_norm`` is set low enough that every step clips).
-With ZeRO-1 and the fused loss op, and without ZeRO-1 and with the plain-ops loss; for a 2 x 2 run killed after
-its first checkpoint and resumed; and for its step-1 checkpoint resumed in one process (resharded from 2 x 2 to
-1 x 1). The 2 x 2 checkpoints load in transformers, and a rank holds its share of the model state.
+With ZeRO-1 and the fused loss op; for a 2 x 2 run killed after its first checkpoint and resumed; and for its
+step-1 checkpoint resumed in one process (resharded from 2 x 2 to 1 x 1). LoRA adapters on a frozen backbone, with
+the plain-ops loss, train at 2 x 2 (ZeRO-1 over their moments) as in one process, and their step-1 checkpoint
+resumes in one process. The 2 x 2 checkpoints load in transformers, and a rank holds its share of the model state.
+(Without ZeRO-1: tests/test_optim_sharding.py at data_parallel 2, tests/test_multinode.py at model_parallel 2.)
 """
 import json
 import os
@@ -28,6 +30,7 @@ from msrun_jobs import kill_when_saved, msrun  # noqa: E402
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
 BATCH = 2  # prompts per data-parallel rank
 MAX_GRAD_NORM = 0.05  # below every step's norm here (asserted): clipping is active
+LORA_RANK = 4
 
 # Several runs in one process (the process groups are set up once); each writes its metrics and sampled tokens.
 WORKER = """
@@ -57,7 +60,7 @@ for path in sys.argv[1:]:
 
 
 def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: int, zero: bool = True,
-            loss_impl: str = "fused", resume: bool = False) -> Path:
+            loss_impl: str = "fused", resume: bool = False, lora: bool = False) -> Path:
     from mindgrpo.config import dump_yaml
 
     cfg = small_run_config(root / name, dataset, model, max_prompt_length=64, seq_length=80, max_tokens=8,
@@ -73,6 +76,9 @@ def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: i
         section.parallel_config.data_parallel = dp
         section.parallel_config.model_parallel = mp
     cfg.actor_config.parallel_config.optimizer_shard = zero
+    if lora:  # rank-4 adapters on every linear; a rate at which they move 100x the tolerance below in two steps
+        cfg.actor_config.lora_rank, cfg.actor_config.lora_alpha = LORA_RANK, 8.0
+        cfg.actor_config.lr_schedule.learning_rate = 1e-3
     path = root / f"{name}{'_resumed' if resume else ''}.yaml"
     dump_yaml(cfg, path)
     return path
@@ -82,8 +88,9 @@ def _config(root: Path, name: str, dataset: Path, model: Path, *, dp: int, mp: i
 def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     """Two GRPO steps (two passes each: the second sees a clipped ratio) on the same global batch of 4 prompts,
     advantages scaled by the global batch's std, ``dapo`` (the global token mean): in one process (fused loss); at
-    2 x 2 with ZeRO-1 (fused) and without (the plain-ops loss); at 2 x 2 (ZeRO-1) killed after its step-1
-    checkpoint, then resumed; and that run's step-1 checkpoint resumed in one process ("resharded")."""
+    2 x 2 with ZeRO-1 (fused); at 2 x 2 killed after its step-1 checkpoint, then resumed; and that run's step-1
+    checkpoint resumed in one process ("resharded"). LoRA (the plain-ops loss) likewise: in one process, at 2 x 2
+    and its step-1 checkpoint resumed in one process."""
     root = tmp_path_factory.mktemp("dp_tp")
     worker = root / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
@@ -94,7 +101,8 @@ def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
 
     # one single-process run: both 2 x 2 runs train with dapo (every loss_type's reduction under data parallel is
     # checked in tests/test_algorithm.py, without msrun)
-    one = subprocess.run([sys.executable, worker, config("one", dp=1, mp=1)],
+    one = subprocess.run([sys.executable, worker, config("one", dp=1, mp=1),
+                          config("lora_one", dp=1, mp=1, loss_impl="plain", lora=True)],
                          env=ENV, capture_output=True, text=True, timeout=1800)
     assert one.returncode == 0, one.stderr[-3000:]
 
@@ -103,14 +111,16 @@ def layout_runs(tmp_path_factory, demo_prompts, demo_plain):
     kill_when_saved(proc, root / "killed" / "checkpoints" / "step_00000001" / "manifest.json", str(killed),
                     timeout=1800)
     assert not (root / "killed" / "checkpoints" / "step_00000002").exists()
-    msrun([worker, config("zero", dp=2, mp=2), config("no_zero", dp=2, mp=2, zero=False, loss_impl="plain"),
-           config("killed", dp=2, mp=2, resume=True)],
+    msrun([worker, config("zero", dp=2, mp=2), config("killed", dp=2, mp=2, resume=True),
+           config("lora", dp=2, mp=2, loss_impl="plain", lora=True)],
           root / "log_2x2", workers=4, timeout=2400)
 
-    # the step-1 checkpoint written at 2 x 2, resumed by one process
-    (root / "resharded" / "checkpoints").mkdir(parents=True)
-    shutil.copytree(root / "zero" / "checkpoints" / "step_00000001", root / "resharded" / "checkpoints" / "step_00000001")
-    resharded = subprocess.run([sys.executable, worker, config("resharded", dp=1, mp=1, resume=True)],
+    # the step-1 checkpoints written at 2 x 2, resumed by one process
+    for run, source in (("resharded", "zero"), ("lora_resharded", "lora")):
+        (root / run / "checkpoints").mkdir(parents=True)
+        shutil.copytree(root / source / "checkpoints" / "step_00000001", root / run / "checkpoints" / "step_00000001")
+    resharded = subprocess.run([sys.executable, worker, config("resharded", dp=1, mp=1, resume=True),
+                                config("lora_resharded", dp=1, mp=1, loss_impl="plain", resume=True, lora=True)],
                                env=ENV, capture_output=True, text=True, timeout=1800)
     assert resharded.returncode == 0, resharded.stderr[-3000:]
     return root
@@ -128,13 +138,12 @@ def _worst(a: dict, b: dict) -> float:
 
 
 @msrun_group
-@pytest.mark.parametrize("run,single", [("zero", "one"), ("no_zero", "one")])
-def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain, run, single):
-    """2 x 2 with ZeRO-1 and the fused loss op, and 2 x 2 without ZeRO-1 with the plain-ops loss, against one process
-    with the fused loss: the same tokens, rewards, clipped global norm and weights."""
+def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain):
+    """2 x 2 with ZeRO-1 and the fused loss op against one process: the same tokens, rewards, clipped global norm
+    and weights."""
     from mindgrpo.train.metrics import read_metrics
 
-    one, two = layout_runs / single, layout_runs / run
+    one, two = layout_runs / "one", layout_runs / "zero"
     # the same completions: rank r's rows are rows [r * BATCH * G, (r + 1) * BATCH * G) of the one process's
     single = np.load(one / "tokens_rank0.npy")
     for rank in range(4):
@@ -149,7 +158,7 @@ def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain, run, sin
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["grpo/rewards/mean"] == pytest.approx(a["grpo/rewards/mean"], rel=1e-6)
     worst = [_worst(_weights(one, step), _weights(two, step)) for step in (1, 2)]
-    print(f"2 x 2 ({run}) vs one process: max |weight difference| {worst[0]:.2e} after step 1, {worst[1]:.2e} "
+    print(f"2 x 2 vs one process: max |weight difference| {worst[0]:.2e} after step 1, {worst[1]:.2e} "
           f"after step 2; grad_norm {[round(m['grad_norm'], 4) for m in metrics_two]}")
     assert max(worst) <= 1e-5, worst
     from safetensors.numpy import load_file
@@ -157,6 +166,51 @@ def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain, run, sin
     initial = load_file(demo_plain.model_dir / "model.safetensors")
     moved = _weights(one, 2)
     assert max(float(np.abs(moved[k] - initial[k]).max()) for k in initial) > 1e-4  # the updates moved the weights
+
+
+def _adapters(run: Path, step: int) -> dict:
+    from mindgrpo.models.lora import read_peft_arrays
+
+    return read_peft_arrays(run / "checkpoints" / f"step_{step:08d}" / "model")
+
+
+@msrun_group
+def test_2x2_lora_samples_and_trains_as_one_process(layout_runs):
+    """LoRA at 2 x 2 with ZeRO-1 over the adapters' moments, against one process: the adapters' slices (B beside
+    q/k/v/gate/up split by rows, A beside o/down by columns, the other halves replicated with their gradients summed
+    over the tensor-parallel pair) sample the same tokens, reach the rollout (its log-probs equal the training
+    forward's), give the same clipped global norm and the same adapters, gathered into PEFT folders; the step-1
+    checkpoint resumed in one process (resharded) reaches the same step 2."""
+    from mindgrpo.train.metrics import read_metrics
+
+    one, two = layout_runs / "lora_one", layout_runs / "lora"
+    single = np.load(one / "tokens_rank0.npy")
+    for rank in range(4):
+        part = np.load(two / f"tokens_rank{rank}.npy")
+        rows = part.shape[1]
+        np.testing.assert_array_equal(part, single[:, (rank // 2) * rows:(rank // 2 + 1) * rows],
+                                      err_msg=f"rank {rank}")
+    metrics_one, metrics_two = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [m["step"] for m in metrics_two] == [1, 2]
+    for a, b in zip(metrics_one, metrics_two):
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        assert b["rollout/logprob_diff_max"] <= 1e-5, b
+        # the logged loss terms are the data-parallel ranks' mean of their own token means, not the global token
+        # mean one process logs: close, not equal (the training itself is the global mean, as grad_norm shows)
+        assert b["actor/kl_loss"] == pytest.approx(a["actor/kl_loss"], rel=2e-2)
+    assert 0 < metrics_two[0]["actor/kl_loss"] < metrics_two[1]["actor/kl_loss"]  # from 0 (B = 0) on the first pass
+    initial = _adapters(one, 1)
+    worst = [_worst(_adapters(one, step), _adapters(two, step)) for step in (1, 2)]
+    resharded = _worst(_adapters(two, 2), _adapters(layout_runs / "lora_resharded", 2))
+    print(f"LoRA 2 x 2 vs one process: max |adapter difference| {worst[0]:.2e} after step 1, {worst[1]:.2e} after "
+          f"step 2; resharded resume {resharded:.2e}; grad_norm {[round(m['grad_norm'], 4) for m in metrics_two]}")
+    assert max(worst) <= 1e-5 and resharded <= 1e-5, (worst, resharded)
+    final = _adapters(one, 2)
+    for half in (".lora_A.", ".lora_B."):  # both halves moved 100x the tolerance between the checkpoints
+        assert max(float(np.abs(final[k] - initial[k]).max()) for k in final if half in k) > 1e-3, half
+    layout = json.loads((two / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
+    assert (layout["tp"], layout["dp"], layout["optimizer_shard"]) == (2, 2, True)
+    assert len(final) == 2 * 7 * 2  # two layers, seven linears, A and B: the PEFT folder is whole
 
 
 @msrun_group
@@ -193,23 +247,32 @@ def test_2x2_export_loads_in_transformers(layout_runs):
     transformers = pytest.importorskip("transformers")
     ids = torch.tensor([[5, 17, 300, 42, 7, 99, 500, 3]])  # within the demo model's 544-token vocabulary
     logits = {}
-    for name in ("one", "no_zero"):
+    for name in ("one", "zero"):
         folder = layout_runs / name / "checkpoints" / "step_00000002" / "model"
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
         with torch.no_grad():
             logits[name] = model(ids).logits.numpy()
-    assert np.abs(logits["one"] - logits["no_zero"]).max() <= 1e-4
+    assert np.abs(logits["one"] - logits["zero"]).max() <= 1e-4
 
 
 @msrun_group
-def test_2x2_rank_holds_its_share_of_the_model_state(layout_runs):
+def test_2x2_rank_holds_its_share_of_the_model_state(layout_runs, demo_plain):
     """Weights, gradient accumulators and the two AdamW moments (4 copies of the model in float32): a rank holds
-    half of them at model_parallel 2 (norms are replicated: a little more); with ZeRO-1 the data-parallel pair
+    half of them at model_parallel 2 (norms are replicated: a little more), and with ZeRO-1 the data-parallel pair
     splits its moments (whole tensors to one rank or the other), so on average a rank holds (1 + 1 + 2 / 2) / 8 of
-    them: 0.375."""
-    one = int(np.load(layout_runs / "one" / "state_rank0.npy"))
-    share = {run: [int(np.load(layout_runs / run / f"state_rank{rank}.npy")) / one for rank in range(4)]
-             for run in ("no_zero", "zero")}
+    them: 0.375, and each rank less than the 0.5 it would hold without ZeRO-1. With LoRA the trained state is the
+    adapters': a rank holds its slices (the planner's count, ``lora_parameters`` at model_parallel 2, a fraction f
+    of them), so on average 3 f / 4."""
+    from mindgrpo.apps.plan import lora_parameters
+    from mindgrpo.models.lora import TARGET_MODULES
+
+    share = {}
+    for run, single in (("zero", "one"), ("lora", "lora_one")):
+        one = int(np.load(layout_runs / single / "state_rank0.npy"))
+        share[run] = [int(np.load(layout_runs / run / f"state_rank{rank}.npy")) / one for rank in range(4)]
     print(f"model state per rank, as a share of one process's: {share}")
-    assert all(0.5 <= s <= 0.55 for s in share["no_zero"]), share
-    assert 0.375 <= np.mean(share["zero"]) <= 0.41 and max(share["zero"]) < min(share["no_zero"]), share
+    assert 0.375 <= np.mean(share["zero"]) <= 0.41 and max(share["zero"]) < 0.5, share
+    hf_config = json.loads((demo_plain.model_dir / "config.json").read_text())
+    f = (lora_parameters(hf_config, LORA_RANK, TARGET_MODULES, model_parallel=2)
+         / lora_parameters(hf_config, LORA_RANK, TARGET_MODULES))
+    assert 0.5 < f < 1 and np.mean(share["lora"]) == pytest.approx(0.75 * f, rel=1e-9), (f, share)

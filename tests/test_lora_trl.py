@@ -50,8 +50,14 @@ def _case(ref, name):
     return {key[len(f"case/{name}/"):]: ref[key] for key in ref.files if key.startswith(f"case/{name}/")}
 
 
-@pytest.mark.parametrize("name", ["grpo_beta0.0", "grpo_beta0.04", "dapo_beta0.0", "dapo_beta0.04",
-                                  "dr_grpo_beta0.0", "dr_grpo_beta0.04"])
+CASES = ("grpo_beta0.0", "grpo_beta0.04", "dapo_beta0.0", "dapo_beta0.04", "dr_grpo_beta0.0", "dr_grpo_beta0.04")
+# GRAPH compiles three graphs per case (15 s each on 2 busy cores): two of the six cases, one with the KL term and
+# one without, run in GRAPH too; the loss types' GRAPH math is tests/test_algorithm.py's, against TRL's own loss
+GRAPH_CASES = ("grpo_beta0.04", "dapo_beta0.0")
+
+
+@pytest.mark.parametrize("ms_mode,name", [("pynative", name) for name in CASES]
+                         + [("graph", name) for name in GRAPH_CASES], indirect=["ms_mode"])
 def test_lora_loss_and_adapter_gradients_equal_trl_with_peft(ms_mode, tiny_model_dir, reference, name):
     case = _case(reference, name)
     settings = json.loads(str(case["settings"]))

@@ -298,3 +298,30 @@ def test_lora_counts_a_frozen_backbone_and_float32_adapters_and_7b_fits_one_devi
     assert (parts["gradients"], parts["optimizer"], parts["reference"]) == (4 * adapters, 8 * adapters, 0)
     assert lora["recommended"] is not None and full["recommended"] is None
     assert "frozen backbone (LoRA rank 16)" in format_plan(lora)
+
+
+def test_lora_adapters_split_with_tensor_parallelism_and_32b_fits_8_devices(tmp_path):
+    """Under tensor parallelism a rank holds its slices of the adapters (B beside q/k/v/gate/up split by rows, A
+    beside o/down by columns, the other halves whole) and ZeRO-1 shares their moments out; Qwen2.5-32B with a bf16
+    backbone and rank-16 adapters on every linear then fits 8 x 64 GB (the 32B recipe's other settings), which it
+    cannot at model_parallel 1: its backbone alone is 61 GiB."""
+    from mindgrpo.apps.plan import lora_parameters, lora_sizes
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    h, i, layers, q, kv, r = 5120, 27648, 64, 5120, 1024, 16
+    # counted by hand at model_parallel 8: the split half is 1/8, the replicated half whole
+    column = r * (h + q // 8) + 2 * r * (h + kv // 8) + 2 * r * (h + i // 8)  # q, k, v, gate, up
+    row = r * (q // 8 + h) + r * (i // 8 + h)  # o, down
+    assert lora_parameters(QWEN2_5_32B, r, targets, model_parallel=8) == (column + row) * layers
+    folder = tmp_path / "Qwen2.5-32B"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(QWEN2_5_32B))
+    config = load_config(CONFIG_32B, [f"actor_config.load={folder}", "actor_config.lora_rank=16",
+                                      "actor_config.param_dtype=bfloat16"])
+    plan = plan_layouts(config, 8, 64 * GiB, QWEN2_5_32B)
+    assert not by_mp(plan, 1)["fits"] and by_mp(plan, 2)["fits"] and by_mp(plan, 8)["fits"]
+    assert plan["recommended"]["model_parallel"] == 2
+    parts = by_mp(plan, 2)["bytes"]  # data_parallel 4: ZeRO-1 over the adapters' moments
+    sizes = lora_sizes(QWEN2_5_32B, r, targets, 2)
+    assert parts["gradients"] == 4 * sum(sizes)
+    assert 8 * sum(sizes) / 4 <= parts["optimizer"] < 8 * sum(sizes) / 4 + 8 * max(sizes)

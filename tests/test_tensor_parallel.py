@@ -68,6 +68,64 @@ def test_layouts_the_model_cannot_take_are_named():
     assert not TPLayout(4, 0, 28, 4, 128, 152064, 18944).problems()  # Qwen2.5-7B on 4 ranks
 
 
+@pytest.mark.parametrize("tp,kv", [(2, 2), (4, 2), (2, 1)])
+def test_lora_adapters_split_beside_their_weights_and_partial_gradients_sum(tp, kv):
+    """A plain-numpy twin of the tensor-parallel LoRA math: with each rank's slices, B beside a column-parallel
+    weight gives the rank's own output rows and A beside a row-parallel one a partial sum, so the layer adds no
+    collective; the replicated halves' per-rank gradients sum to the full one (what ReduceAndClip does for the
+    names ``sums_gradient_over_tp`` flags), and replicated KV heads' B sums over their replicas as k_proj does."""
+    heads, d, hidden, inter, r, s = 4, 8, 32, 48, 3, 2.0
+    layout = TPLayout(tp=tp, rank=0, num_heads=heads, num_kv_heads=kv, head_dim=d, vocab_size=64,
+                      intermediate_size=inter)
+    rng = np.random.default_rng(1)
+    x, x_inner = rng.standard_normal((5, hidden)), rng.standard_normal((5, inter))
+    for module, n_in, n_out, column in (("self_attn.q_proj", hidden, heads * d, True),
+                                        ("self_attn.k_proj", hidden, kv * d, True),
+                                        ("mlp.down_proj", inter, hidden, False)):
+        a_name, b_name = (f"model.layers.0.{module}.lora_{h}.weight" for h in "AB")
+        a, b = rng.standard_normal((r, n_in)), rng.standard_normal((n_out, r))
+        inputs = x if column else x_inner
+        full = s * (inputs @ a.T) @ b.T
+        upstream = rng.standard_normal(full.shape)  # d loss / d output
+        grad_a, grad_b = s * (upstream @ b).T @ inputs, s * upstream.T @ (inputs @ a.T)
+        ranks = [layout.with_rank(i) for i in range(tp)]
+        a_parts, b_parts = [lay.take(a_name, a) for lay in ranks], [lay.take(b_name, b) for lay in ranks]
+        if column:  # B split by rows (KV heads as k_proj), A whole on every rank
+            assert all(part.shape == a.shape for part in a_parts) and layout.sums_gradient_over_tp(a_name)
+            assert not layout.sums_gradient_over_tp(b_name)
+            out_parts = [layout.with_rank(i).take(b_name, full.T).T for i in range(tp)]
+            rows = [s * (inputs @ a.T) @ bp.T for bp in b_parts]
+            for got, want in zip(rows, out_parts):
+                np.testing.assert_allclose(got, want, rtol=1e-12)
+            ups = [layout.with_rank(i).take(b_name, upstream.T).T for i in range(tp)]
+            replicated = layout.is_replicated_kv(b_name)
+            if replicated:  # a replica receives the KV head's gradient through its own query heads only: a part
+                assert module.endswith("k_proj") and layout.gradient_owners(b_name) == tp // kv
+                for first in range(0, tp, layout.kv_replicas):
+                    group = range(first, first + layout.kv_replicas)
+                    parts = [rng.standard_normal(ups[first].shape) for _ in group]
+                    parts[-1] = ups[first] - sum(parts[:-1])
+                    for i, part in zip(group, parts):
+                        ups[i] = part
+            a_grads = [s * (up @ bp).T @ inputs for up, bp in zip(ups, b_parts)]
+            np.testing.assert_allclose(sum(a_grads), grad_a, rtol=1e-10)
+            b_grads = [s * up.T @ (inputs @ a.T) for up in ups]
+            if replicated:  # summed over the replicas of each KV head (ReduceAndClip's KV slots)
+                b_grads = [sum(b_grads[first:first + layout.kv_replicas]) for first in range(0, tp, layout.kv_replicas)
+                           for _ in range(layout.kv_replicas)]
+            np.testing.assert_allclose(layout.assemble(b_name, b_grads, b.shape), grad_b, rtol=1e-10)
+        else:  # A split by columns, B whole on every rank: partial sums before the row-parallel AllReduce
+            assert all(part.shape == b.shape for part in b_parts) and layout.sums_gradient_over_tp(b_name)
+            assert not layout.sums_gradient_over_tp(a_name) and layout.gradient_owners(a_name) == 1
+            x_parts = [layout.with_rank(i).take("model.layers.0.mlp.down_proj.weight", inputs) for i in range(tp)]
+            downs = [xp @ ap.T for xp, ap in zip(x_parts, a_parts)]
+            np.testing.assert_allclose(sum(s * dn @ b.T for dn in downs), full, rtol=1e-10)
+            np.testing.assert_allclose(sum(s * upstream.T @ dn for dn in downs), grad_b, rtol=1e-10)
+            np.testing.assert_allclose(layout.assemble(a_name, [s * (upstream @ b).T @ xp for xp in x_parts],
+                                                       a.shape), grad_a, rtol=1e-10)
+        assert layout.gradient_owners(a_name if column else b_name) == tp  # a replicated half counts once
+
+
 # ---------------------------------------------------------------------------------------------- forward parity
 @msrun_group
 def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path):

@@ -169,21 +169,28 @@ def local_parameters(hf_config: Mapping, model_parallel: int = 1) -> int:
     return sum(local_sizes(hf_config, model_parallel))
 
 
-def lora_parameters(hf_config: Mapping, rank: int, target_modules) -> int:
-    """Parameters of rank-``rank`` LoRA adapters on ``target_modules``: ``rank x (in + out)`` per adapted weight
-    (A [rank, in], B [out, rank]); 0 when ``rank`` is 0."""
+def lora_sizes(hf_config: Mapping, rank: int, target_modules, model_parallel: int = 1) -> List[int]:
+    """Element count of each LoRA adapter tensor one tensor-parallel rank holds (A [rank, in], B [out, rank], sliced
+    by the loader's rule: B beside a column-parallel weight, A beside a row-parallel one); empty when ``rank`` is 0."""
     if rank <= 0:
-        return 0
-    suffixes = tuple(f".{module}.weight" for module in target_modules)
-    return sum(rank * (shape[0] + shape[1]) for name, shape in hf_tensor_shapes(hf_config).items()
-               if name.endswith(suffixes))
+        return []
+    from mindgrpo.models.lora import LoraSpec, adapter_shapes
+
+    spec = LoraSpec(rank=rank, alpha=1.0, target_modules=tuple(target_modules))
+    shapes = adapter_shapes(spec, hf_tensor_shapes(hf_config), int(hf_config["num_hidden_layers"]))
+    layout = tp_layout(hf_config, model_parallel)
+    return [math.prod(layout.local_shape(name, shape)) for name, shape in shapes.items()]
 
 
-def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
-                      optimizer_shard: bool = True) -> int:
-    """Parameters whose AdamW moments the busiest rank keeps: all of its slice, or under ZeRO-1 the largest share
-    :func:`~mindgrpo.train.optim_state.owner_ranks` gives one data-parallel rank (whole parameters, about 1/dp)."""
-    sizes = local_sizes(hf_config, model_parallel)
+def lora_parameters(hf_config: Mapping, rank: int, target_modules, model_parallel: int = 1) -> int:
+    """Adapter parameters one tensor-parallel rank holds: ``rank x (in + out)`` per adapted weight at
+    ``model_parallel`` 1; 0 when ``rank`` is 0."""
+    return sum(lora_sizes(hf_config, rank, target_modules, model_parallel))
+
+
+def busiest_share(sizes: Sequence[int], *, data_parallel: int = 1, optimizer_shard: bool = True) -> int:
+    """Elements of ``sizes`` whose AdamW moments the busiest data-parallel rank keeps: all of them, or under ZeRO-1
+    the largest share :func:`~mindgrpo.train.optim_state.owner_ranks` gives one rank (whole tensors, about 1/dp)."""
     if not optimizer_shard or data_parallel == 1:
         return sum(sizes)
     from mindgrpo.train.optim_state import owner_ranks
@@ -194,22 +201,33 @@ def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_paral
     return max(loads)
 
 
+def moment_parameters(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
+                      optimizer_shard: bool = True) -> int:
+    """Parameters whose AdamW moments the busiest rank keeps when the whole model trains (:func:`busiest_share`
+    of this rank's slice)."""
+    return busiest_share(local_sizes(hf_config, model_parallel), data_parallel=data_parallel,
+                         optimizer_shard=optimizer_shard)
+
+
 def model_state_bytes(hf_config: Mapping, *, model_parallel: int = 1, data_parallel: int = 1,
                       optimizer_shard: bool = True, reference_dtype: Optional[str] = None,
                       param_dtype: str = "float32", grad_dtype: str = "float32",
-                      adapter_parameters: int = 0) -> Dict[str, int]:
+                      adapter_sizes: Sequence[int] = ()) -> Dict[str, int]:
     """Per-rank bytes of the training state: ``weights`` in ``param_dtype``, ``gradients`` (the accumulators) in
     ``grad_dtype``, the ``optimizer``'s float32 AdamW moments and, with 16-bit weights, float32 master weights
     (ZeRO-1 over ``data_parallel`` when ``optimizer_shard``), and the frozen ``reference`` copy in
     ``reference_dtype`` (None: no reference model), plus their ``total``. This is what one rank's resident memory
     grows by once the actor, reference, accumulators and optimizer are built.
 
-    With LoRA (``adapter_parameters`` > 0) the backbone is frozen in ``param_dtype`` and only the float32 adapters
-    have gradients and AdamW moments; the reference is the backbone itself (``reference_dtype`` None)."""
+    With LoRA (``adapter_sizes``: this rank's adapter tensors, :func:`lora_sizes`) the backbone is frozen in
+    ``param_dtype`` and only the float32 adapters have gradients and AdamW moments (ZeRO-1 shares the moments out);
+    the reference is the backbone itself (``reference_dtype`` None)."""
     n = local_parameters(hf_config, model_parallel)
-    if adapter_parameters:
-        state = {"weights": DTYPE_BYTES[param_dtype] * n + 4 * adapter_parameters,
-                 "gradients": 4 * adapter_parameters, "optimizer": 8 * adapter_parameters, "reference": 0}
+    if adapter_sizes:
+        adapters = sum(adapter_sizes)
+        moments = busiest_share(adapter_sizes, data_parallel=data_parallel, optimizer_shard=optimizer_shard)
+        state = {"weights": DTYPE_BYTES[param_dtype] * n + 4 * adapters, "gradients": 4 * adapters,
+                 "optimizer": 8 * moments, "reference": 0}
         state["total"] = sum(state.values())
         return state
     per_owned = 8 + (4 if param_dtype != "float32" else 0)  # moments, and the master copy of 16-bit weights
@@ -332,8 +350,8 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
                               optimizer_shard=actor.parallel_config.optimizer_shard,
                               reference_dtype=Derived(config).reference_dtype,
                               param_dtype=actor.param_dtype, grad_dtype=actor.grad_reduce_dtype,
-                              adapter_parameters=lora_parameters(hf_config, actor.lora_rank,
-                                                                 actor.lora_target_modules))
+                              adapter_sizes=lora_sizes(hf_config, actor.lora_rank, actor.lora_target_modules,
+                                                       model_parallel))
     packed_rows = Derived(config).packed_rows  # per forward of both passes; 0: padded
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,

@@ -247,10 +247,6 @@ def _lora_problems(config: GRPOConfig) -> List[str]:
     if unknown or not actor.lora_target_modules:
         problems.append(f"actor_config.lora_target_modules = {list(actor.lora_target_modules)}: name one or more "
                         f"of {', '.join(LORA_TARGET_MODULES)}")
-    if actor.parallel_config.model_parallel > 1:
-        problems.append(f"actor_config.lora_rank = {actor.lora_rank} with actor_config.parallel_config."
-                        f"model_parallel = {actor.parallel_config.model_parallel}: tensor-parallel adapters are not "
-                        "built yet; use model_parallel: 1 (data parallelism works)")
     if config.generate_config.backend != "native":
         problems.append(f"actor_config.lora_rank = {actor.lora_rank} with generate_config.backend = "
                         f"{config.generate_config.backend}: only the native engine decodes with the adapters; set "

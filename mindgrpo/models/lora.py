@@ -7,6 +7,10 @@ A targeted linear ``y = x W^T (+ b)`` becomes ``y = x W^T (+ b) + s (x A^T) B^T`
 (``a = sqrt(5)``: U(-1/sqrt(in), 1/sqrt(in))) and B at zero, as PEFT initialises them, so a fresh adapter changes
 nothing: step 1's KL against the backbone is exactly 0.
 
+Under tensor parallelism each rank holds the slices :mod:`mindgrpo.parallel.layout` gives (B split as a
+column-parallel weight, A as a row-parallel one, the other half replicated); initialisation and PEFT folders are
+full-size, drawn or read whole and sliced, so every layout holds slices of the same adapters.
+
 The adapters are float32 whatever the backbone's dtype (``actor_config.param_dtype``), and are the only trainable
 Parameters of a LoRA actor: the optimizer's state, the gradients and the checkpoints are theirs alone.
 
@@ -70,9 +74,23 @@ class LoraSpec:
         return tuple(MODULE_CELLS[m][1] for m in self.target_modules)
 
 
+def adapter_shapes(spec: LoraSpec, full_shapes: Mapping[str, tuple], num_layers: int) -> Dict[str, tuple]:
+    """The full (unsliced) shape of each adapter, keyed and ordered as :func:`adapter_parameters` keys them, from
+    the backbone's full HF shapes: A [rank, in], B [out, rank]."""
+    shapes = {}
+    for index in range(num_layers):
+        for module in spec.target_modules:
+            prefix = f"model.layers.{index}.{MODULE_CELLS[module][2]}.{module}"
+            out_features, in_features = full_shapes[f"{prefix}.weight"]
+            shapes[f"{prefix}.lora_A.weight"] = (spec.rank, in_features)
+            shapes[f"{prefix}.lora_B.weight"] = (out_features, spec.rank)
+    return shapes
+
+
 def attach_adapters(model, spec: LoraSpec) -> None:
     """Give each targeted weight Cell of ``model`` (a Qwen2Model) float32 ``lora_a`` [rank, in] and ``lora_b``
-    [out, rank] Parameters, zeros until :func:`init_adapters` or :func:`load_peft` fills them."""
+    [out, rank] Parameters (this rank's slices: sized from its slice of the weight), zeros until
+    :func:`init_adapters` or :func:`load_peft` fills them."""
     from mindspore import Parameter, Tensor  # deferred: reading a PEFT folder (eval, the CLI) loads no MindSpore
 
     for index, layer in enumerate(model.model.layers):
@@ -104,17 +122,19 @@ def adapter_parameters(model) -> Dict[str, "Parameter"]:
 
 
 def init_adapters(model, seed: int = 0) -> None:
-    """PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (``kaiming_uniform_(a=sqrt(5))``), B = 0."""
+    """PEFT's initialisation: A ~ U(-1/sqrt(in), 1/sqrt(in)) (``kaiming_uniform_(a=sqrt(5))``), B = 0; drawn at
+    full shape and sliced (``model.layout``), so every tensor-parallel layout starts from the same adapters."""
     from mindspore import Tensor
 
     rng = np.random.default_rng(seed)
     for name, param in adapter_parameters(model).items():
+        shape = model.adapter_shapes[name]
         if ".lora_A." in name:
-            bound = 1.0 / np.sqrt(param.shape[1])
-            value = rng.uniform(-bound, bound, param.shape).astype(np.float32)
+            bound = 1.0 / np.sqrt(shape[1])
+            value = rng.uniform(-bound, bound, shape).astype(np.float32)
         else:
-            value = np.zeros(param.shape, np.float32)
-        param.set_data(Tensor(value))
+            value = np.zeros(shape, np.float32)
+        param.set_data(Tensor(np.ascontiguousarray(model.layout.take(name, value))))
 
 
 def peft_config(spec: LoraSpec, base_model: str) -> dict:
@@ -216,9 +236,10 @@ def load_peft(model, adapter_dir: PathLike) -> None:
     if missing or unexpected:
         raise ValueError(f"{path}: adapters do not fit the model: missing {missing[:4]}, unexpected {unexpected[:4]}")
     for name, param in params.items():
-        if tuple(arrays[name].shape) != tuple(param.shape):
-            raise ValueError(f"{path}: {name} is {tuple(arrays[name].shape)}, the model's is {tuple(param.shape)}")
-        param.set_data(Tensor(np.ascontiguousarray(arrays[name], np.float32)))
+        if tuple(arrays[name].shape) != tuple(model.adapter_shapes[name]):
+            raise ValueError(f"{path}: {name} is {tuple(arrays[name].shape)}, the model's is "
+                             f"{tuple(model.adapter_shapes[name])}")
+        param.set_data(Tensor(np.ascontiguousarray(model.layout.take(name, arrays[name]), np.float32)))
 
 
 def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathLike] = None,

@@ -27,7 +27,8 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
-from mindgrpo.models.lora import LoraSpec, attach_adapters, init_adapters, load_peft, read_peft_spec
+from mindgrpo.models.lora import (LoraSpec, adapter_shapes, attach_adapters, init_adapters, load_peft,
+                                  read_peft_spec)
 from mindgrpo.models.weights import hf_parameters, load_hf_weights
 from mindgrpo.parallel.layout import TPLayout
 
@@ -141,7 +142,8 @@ class Qwen2Model(nn.Cell):
       dtype are cast at use.
     * ``lora``: the LoRA adapters' :class:`~mindgrpo.models.lora.LoraSpec`, or None. With adapters the backbone is
       frozen: an actor's adapters (float32, on the targeted weight Cells as ``lora_a``/``lora_b``) are its only
-      trainable Parameters, and every pass can run with them (the policy) or without (the reference).
+      trainable Parameters, and every pass can run with them (the policy) or without (the reference);
+      ``adapter_shapes`` their full shapes by PEFT name (empty without LoRA).
 
     The Parameters start as zeros (calloc'd: untouched pages cost no memory), to be filled by
     :func:`mindgrpo.models.weights.load_hf_weights` or :meth:`init_random`.
@@ -152,12 +154,11 @@ class Qwen2Model(nn.Cell):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
-        if lora is not None and layout.tp > 1:
-            raise ValueError("LoRA adapters run at model_parallel 1 (tensor-parallel adapters are not built yet): "
-                             f"got model_parallel={layout.tp}")
         self.lora = lora
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
         self.full_shapes = dict(full_shapes(spec))
+        self.adapter_shapes = (adapter_shapes(lora, self.full_shapes, spec.num_hidden_layers) if lora is not None
+                               else {})
         self.compute_dtype = check_dtype("compute_dtype", compute_dtype)
         dtype = self.param_dtype = getattr(ms, check_dtype("param_dtype", param_dtype))
 

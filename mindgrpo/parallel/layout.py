@@ -14,9 +14,16 @@ HF shapes are ``[out, in]``. With ``tp`` ranks and rank ``r``::
     gate_proj, up_proj [I, H]                rows     column-parallel
     down_proj [H, I]                         columns  row-parallel
     norms                                    --       replicated
+    LoRA lora_B [out, r] of a column-parallel weight   rows (as its weight, KV heads included); lora_A replicated
+    LoRA lora_A [r, in] of a row-parallel weight       columns; lora_B replicated
 
 A rank's query heads ``[r*heads/tp, (r+1)*heads/tp)`` then read only its own KV heads, so attention needs no
 communication; the o_proj and down_proj products give partial sums that one AllReduce completes.
+
+LoRA adds no collective to the forward: beside a column-parallel weight, ``s (x A^T) B_r^T`` is the rank's own
+output rows; beside a row-parallel one, ``s (x_r A_r^T) B^T`` is a partial sum added before the existing AllReduce.
+The replicated halves (that A, that B) receive on each rank only the gradient of its own rows or columns, so their
+gradients are summed over the group (:meth:`TPLayout.sums_gradient_over_tp`), as a replicated KV head's are.
 """
 from __future__ import annotations
 
@@ -36,7 +43,16 @@ _SPLIT_AXIS = {
     "self_attn.o_proj.weight": 1,
     "mlp.gate_proj.weight": 0, "mlp.up_proj.weight": 0, "mlp.down_proj.weight": 1,
 }
-_KV = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias")
+_COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+_ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
+# LoRA adapters, by PEFT's names: B beside a column-parallel weight is split as that weight, A beside a row-parallel
+# one by its columns; the other half is replicated with a partial gradient on each rank
+_SPLIT_AXIS.update({f"{m}.lora_B.weight": 0 for m in _COLUMN_PARALLEL})
+_SPLIT_AXIS.update({f"{m}.lora_A.weight": 1 for m in _ROW_PARALLEL})
+_PARTIAL_GRADIENT = frozenset([f"{m}.lora_A.weight" for m in _COLUMN_PARALLEL]
+                              + [f"{m}.lora_B.weight" for m in _ROW_PARALLEL])
+_KV = ("self_attn.k_proj.weight", "self_attn.k_proj.bias", "self_attn.v_proj.weight", "self_attn.v_proj.bias",
+       "self_attn.k_proj.lora_B.weight", "self_attn.v_proj.lora_B.weight")
 
 
 class LayoutError(ValueError):
@@ -168,6 +184,12 @@ class TPLayout:
     def is_replicated_kv(self, hf_name: str) -> bool:
         """Whether several ranks hold this tensor as the same KV head (its gradients must be summed over them)."""
         return self.kv_replicas > 1 and self.suffix(hf_name) in _KV
+
+    def sums_gradient_over_tp(self, hf_name: str) -> bool:
+        """Whether every rank holds this tensor whole but computes only part of its gradient, so the group's parts
+        must be summed: a LoRA A beside a column-parallel weight (each rank's B slice sends back the gradient of its
+        own output rows) and a LoRA B beside a row-parallel one (each rank's product saw its own input columns)."""
+        return self.tp > 1 and self.suffix(hf_name) in _PARTIAL_GRADIENT
 
     def gradient_owners(self, hf_name: str) -> int:
         """How many ranks of the TP group hold an identical copy of this tensor (norms: all; replicated KV heads:

@@ -82,9 +82,9 @@ class ModelWorker:
         hf_name_of = {id(param): name for name, param in {**self._hf_params, **self._adapters}.items()}
         self.param_names = [hf_name_of[id(param)] for param in self.params]
         self.layout, self.full_shapes = self.actor.layout, self.actor.full_shapes
-        # the full shape of each trained tensor, by name: what the optimizer's state is resharded by
-        self.trained_shapes = ({name: tuple(param.shape) for name, param in self._adapters.items()}
-                               if self.lora else self.full_shapes)
+        # the full shape of each trained tensor, by name: what the optimizer's state is resharded by and what an
+        # export gathers (with LoRA, the adapters)
+        self.trained_shapes = self.actor.adapter_shapes if self.lora else self.full_shapes
         self.optimizer = AdamW(self.params, actor_cfg.optimizer, names=self.param_names, dist=dist,
                                optimizer_shard=actor_cfg.parallel_config.optimizer_shard)
         self.settings = LossConfig.of(rl)
@@ -167,7 +167,7 @@ class ModelWorker:
         their own dtype (``actor_config.param_dtype``: bf16 working weights export as bf16, exactly). With LoRA
         the folder is the adapters' PEFT folder (the backbone is ``actor_config.load``, unchanged)."""
         if self.lora is not None:
-            save_peft({name: host_array(param) for name, param in self._adapters.items()}, self.lora, out_dir,
+            save_peft({name: self._gather_full(name) for name in self.trained_shapes}, self.lora, out_dir,
                       base_model=str(Path(self.config.actor_config.load).resolve()))
             return
         dtype = self.config.actor_config.param_dtype
@@ -179,14 +179,19 @@ class ModelWorker:
                          tokenizer_dir=self.config.tokenizer_dir, dtype=dtype, overwrite=True)
 
     def serve_export(self) -> None:
-        """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same (``full_shapes``) order."""
-        for name in self.full_shapes:
+        """A tensor-parallel peer's side of :meth:`export`: the same gathers, in the same order (the trained
+        tensors': with LoRA the adapters, else ``full_shapes``, which are the same names)."""
+        for name in self.trained_shapes:
             self._gather_full(name)
 
     def _gather_full(self, hf_name: str) -> np.ndarray:
-        """One full tensor from this tensor-parallel group's slices (every rank of the group must call it)."""
-        pieces = all_gather(host_array(self._hf_params[hf_name]), self.dist, over=TP)
-        return self.layout.assemble(hf_name, list(pieces), self.full_shapes[hf_name])
+        """One full tensor (a backbone weight or an adapter) from this tensor-parallel group's slices (every rank
+        of the group must call it)."""
+        param = self._adapters[hf_name] if hf_name in self._adapters else self._hf_params[hf_name]
+        if self.dist.tp_size == 1:
+            return host_array(param)
+        pieces = all_gather(host_array(param), self.dist, over=TP)
+        return self.layout.assemble(hf_name, list(pieces), self.trained_shapes[hf_name])
 
     def load_weights(self, model_dir: Path) -> None:
         """The actor's weights from an HF folder (with LoRA: the adapters from a PEFT folder, the backbone staying

@@ -190,7 +190,9 @@ class ReduceAndClip(nn.Cell):
       averaged over the DP group (not the world: with tensor parallelism the world's ranks hold different slices).
     * Tensor parallel: a KV head replicated on several TP ranks received, on each, only the gradient flowing
       through that rank's query heads, so those parts are summed (each rank writes its KV head's slot of a zero
-      buffer; an AllReduce-SUM over the TP group fills every slot; each rank reads its own back).
+      buffer; an AllReduce-SUM over the TP group fills every slot; each rank reads its own back). The replicated
+      half of a LoRA adapter likewise holds each rank's part (``TPLayout.sums_gradient_over_tp``), summed over the
+      TP group.
     * The norm adds the ranks' squared norms over the TP group, each tensor divided by the number of ranks holding
       an identical copy (``TPLayout.gradient_owners``), so every parameter of the model counts once. After the DP
       average the DP ranks hold identical gradients and add nothing.
@@ -217,11 +219,14 @@ class ReduceAndClip(nn.Cell):
         self.copies = tuple(layout.gradient_owners(name) for name in hf_names) if tp > 1 else None
         self.shared_kv = (tuple(layout.is_replicated_kv(name) for name in hf_names) if tp > 1
                           else (False,) * len(accumulators))
+        self.tp_partial = (tuple(layout.sums_gradient_over_tp(name) for name in hf_names) if tp > 1
+                           else (False,) * len(accumulators))
         # Ranks r with equal r // kv_replicas hold the same KV head.
         replicas = layout.kv_replicas if layout is not None else 1
         self.kv_groups, self.kv_slot = tp // replicas, tp_rank // replicas
         # The accumulators a collective touches, in order, in runs.
-        reduced = [i for i in range(len(accumulators)) if self.dp_sum is not None or self.shared_kv[i]]
+        reduced = [i for i in range(len(accumulators))
+                   if self.dp_sum is not None or self.shared_kv[i] or self.tp_partial[i]]
         self.runs = tuple(tuple(reduced[start:stop]) for start, stop in parameter_runs(len(reduced)))
         self.hyper_map, self.assign = ops.HyperMap(), ops.Assign()
         # On CPU every node of a compiled graph keeps its output buffer for the life of the process, so scaling the
@@ -259,6 +264,9 @@ class ReduceAndClip(nn.Cell):
             grad = self.accumulators[i]
             if self.shared_kv[i]:
                 grad = self._sum_kv_replicas(ops.depend(grad, previous))
+                previous = grad
+            elif self.tp_partial[i]:
+                grad = self.tp_sum(ops.depend(grad, previous))
                 previous = grad
             if self.dp_sum is not None:
                 grad = self.dp_sum(ops.depend(grad, previous))
