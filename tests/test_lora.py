@@ -190,3 +190,34 @@ def test_merged_folder_loads_in_transformers_with_peft_merged_logits(tmp_path, t
                       tmp_path / "other" / "adapter", base_model=str(tiny_model_dir))
     assert cli(["merge", str(other), str(tmp_path / "merged2")]) == 2
     assert not (tmp_path / "merged2").exists()
+
+
+def test_tensor_parallel_ranks_hold_slices_of_the_same_adapters(tmp_path, tiny_model_dir):
+    """At model_parallel 2 each rank's fresh adapters are its slices of the one-rank adapters (drawn whole, then
+    sliced: B beside q/k/v/gate/up by rows, A beside o/down by columns, the other halves whole), and a PEFT folder
+    loads onto the ranks as slices that assemble back to it. (Building a rank runs no collective; training at 2 x 2:
+    tests/test_data_tensor_parallel.py.)"""
+    spec = LoraSpec(4, 8.0)
+    one = build_model(tiny_model_dir, lora=spec)
+    ranks = [build_model(tiny_model_dir, lora=spec, tp_rank=r, tp_size=2) for r in range(2)]
+    layout = ranks[0].layout
+
+    def assembled(models):
+        return {name: layout.assemble(name, [host_array(adapter_parameters(m)[name]) for m in models],
+                                      one.adapter_shapes[name]) for name in one.adapter_shapes}
+
+    fresh = {name: host_array(p) for name, p in adapter_parameters(one).items()}
+    for name, value in assembled(ranks).items():
+        np.testing.assert_array_equal(value, fresh[name], err_msg=name)
+    halves = {name: host_array(p).shape for name, p in adapter_parameters(ranks[1]).items()}
+    q, o = "model.layers.0.self_attn.q_proj", "model.layers.0.self_attn.o_proj"
+    assert halves[f"{q}.lora_B.weight"][0] * 2 == fresh[f"{q}.lora_B.weight"].shape[0]
+    assert halves[f"{q}.lora_A.weight"] == fresh[f"{q}.lora_A.weight"].shape
+    assert halves[f"{o}.lora_A.weight"][1] * 2 == fresh[f"{o}.lora_A.weight"].shape[1]
+    assert halves[f"{o}.lora_B.weight"] == fresh[f"{o}.lora_B.weight"].shape
+    rng = np.random.default_rng(3)
+    values = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in one.adapter_shapes.items()}
+    save_peft(values, spec, tmp_path / "adapter", base_model=str(tiny_model_dir))
+    loaded = [build_model(tiny_model_dir, tp_rank=r, tp_size=2, adapter_dir=tmp_path / "adapter") for r in range(2)]
+    for name, value in assembled(loaded).items():
+        np.testing.assert_array_equal(value, values[name], err_msg=name)
