@@ -195,9 +195,9 @@ def test_2x2_lora_samples_and_trains_as_one_process(layout_runs):
     for a, b in zip(metrics_one, metrics_two):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         assert b["rollout/logprob_diff_max"] <= 1e-5, b
-        # the logged loss terms are the data-parallel ranks' mean of their own token means, not the global token
-        # mean one process logs: close, not equal (the training itself is the global mean, as grad_norm shows)
-        assert b["actor/kl_loss"] == pytest.approx(a["actor/kl_loss"], rel=2e-2)
+        # the logged loss terms are token means over the global batch, as one process logs them
+        for key in ("actor/kl_loss", "actor/pg_loss", "actor/entropy"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-8), key  # float32 sums in another order
     assert 0 < metrics_two[0]["actor/kl_loss"] < metrics_two[1]["actor/kl_loss"]  # from 0 (B = 0) on the first pass
     initial = _adapters(one, 1)
     worst = [_worst(_adapters(one, step), _adapters(two, step)) for step in (1, 2)]

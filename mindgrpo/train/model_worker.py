@@ -341,7 +341,7 @@ class ModelWorker:
                ref_logp: Optional[np.ndarray], *, total_steps: int) -> Dict[str, float]:
         """``num_iterations`` optimizer steps over this rank's rollouts; returns metrics averaged over them:
         ``actor/loss`` is an optimizer step's loss (the sum of its micro-batches'), the other ``actor/`` metrics
-        token means over the step, whatever its micro-batches are."""
+        token means over the step's global batch, whatever its micro-batches and data-parallel ranks are."""
         rl = self.config.rl_config
         zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
         old = old_logp if old_logp is not None else zeros  # ignored on-policy: the cell uses detached logp
@@ -355,7 +355,9 @@ class ModelWorker:
         gap = np.zeros(3)  # the first pass's [sum |d|, max |d|, sum exp(d)]: the weights that sampled the rollouts
         # dapo normalises by the active tokens of the whole optimizer step on all ranks (see mindgrpo.algorithm.loss).
         global_tokens = all_reduce_sum(np.array([rollouts.loss_mask.sum()]), self.dist)[0]
-        step_tokens = max(1.0, float(rollouts.loss_mask.sum()))
+        # the token means are of the global batch (as TRL logs them): each rank weighs its tokens by the global
+        # count times dp_size, and the data-parallel average below sums those shares
+        step_tokens = max(1.0, float(global_tokens)) / self.dist.dp_size
         totals: Dict[str, float] = {}
         skipped = 0
         for iteration in range(rl.num_iterations):
