@@ -137,6 +137,19 @@ def _worst(a: dict, b: dict) -> float:
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
+def _same_tokens(one: Path, two: Path) -> np.ndarray:
+    """Assert that the 2 x 2 run ``two`` sampled the one process's completions: data-parallel rank d's rows are rows
+    [d * BATCH * G, (d + 1) * BATCH * G) of the one process's, on both of its tensor-parallel ranks. Returns the one
+    process's tokens."""
+    single = np.load(one / "tokens_rank0.npy")
+    for rank in range(4):
+        part = np.load(two / f"tokens_rank{rank}.npy")
+        rows = part.shape[1]
+        np.testing.assert_array_equal(part, single[:, (rank // 2) * rows:(rank // 2 + 1) * rows],
+                                      err_msg=f"rank {rank}")
+    return single
+
+
 @msrun_group
 def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain):
     """2 x 2 with ZeRO-1 and the fused loss op against one process: the same tokens, rewards, clipped global norm
@@ -144,13 +157,7 @@ def test_2x2_samples_and_trains_as_one_process(layout_runs, demo_plain):
     from mindgrpo.train.metrics import read_metrics
 
     one, two = layout_runs / "one", layout_runs / "zero"
-    # the same completions: rank r's rows are rows [r * BATCH * G, (r + 1) * BATCH * G) of the one process's
-    single = np.load(one / "tokens_rank0.npy")
-    for rank in range(4):
-        part = np.load(two / f"tokens_rank{rank}.npy")
-        rows = part.shape[1]
-        np.testing.assert_array_equal(part, single[:, (rank // 2) * rows:(rank // 2 + 1) * rows],
-                                      err_msg=f"rank {rank}")
+    single = _same_tokens(one, two)
     assert len({tuple(row) for row in single[0]}) > 1  # not a degenerate rollout
     metrics_one, metrics_two = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     for a, b in zip(metrics_one, metrics_two):
@@ -184,12 +191,7 @@ def test_2x2_lora_samples_and_trains_as_one_process(layout_runs):
     from mindgrpo.train.metrics import read_metrics
 
     one, two = layout_runs / "lora_one", layout_runs / "lora"
-    single = np.load(one / "tokens_rank0.npy")
-    for rank in range(4):
-        part = np.load(two / f"tokens_rank{rank}.npy")
-        rows = part.shape[1]
-        np.testing.assert_array_equal(part, single[:, (rank // 2) * rows:(rank // 2 + 1) * rows],
-                                      err_msg=f"rank {rank}")
+    _same_tokens(one, two)
     metrics_one, metrics_two = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in metrics_two] == [1, 2]
     for a, b in zip(metrics_one, metrics_two):
