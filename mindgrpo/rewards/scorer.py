@@ -1,7 +1,7 @@
 """`RewardScorer`: the configured verifiers over a batch of completions, weighted into the reward.
 
 The verifiers run in the trainer's process or (with a time limit per call, or several at once) in worker processes
-(`mindgrpo.rewards.workers`). A verifier that crashes, hangs or returns junk on one completion costs that completion
+(`mindgrpo.workers`). A verifier that crashes, hangs or returns junk on one completion costs that completion
 its score (and is counted), never the training run; one that fails on every completion of a batch, or a batch
 verifier that does not return one number per completion, is a bug: `VerifierError` stops the run, naming it.
 """
@@ -25,7 +25,7 @@ from mindgrpo.rewards.verifiers import (
     is_format_verifier,
     resolve_verifier,
 )
-from mindgrpo.rewards.workers import CallOutcome, WorkerPool, WorkerStartError
+from mindgrpo.workers import CallOutcome, WorkerPool, WorkerStartError
 
 _log = logging.getLogger(__name__)
 
@@ -112,7 +112,7 @@ class RewardScorer:
     `fallback_last_number` is passed to every verifier as a keyword (accuracy_reward honours it; others ignore it).
 
     With `verifier_timeout > 0` or `verifier_parallel > 0` the verifiers run in `max(1, verifier_parallel)` worker
-    processes (`mindgrpo.rewards.workers`), which must be able to import each verifier by name; a call that takes
+    processes (`mindgrpo.workers`), which must be able to import each verifier by name; a call that takes
     longer than `verifier_timeout` seconds is cut, scores 0 and is counted in `RewardBatch.timeouts` and `failures`.
     Call :meth:`close` (or use the scorer as a context manager) to stop the workers early; they also stop when the
     scorer is garbage collected or the process exits.

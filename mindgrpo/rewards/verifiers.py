@@ -11,12 +11,12 @@ geo3k score: 0.9 x the last `\\boxed{}` graded by math-verify + 0.1 x the `<thin
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
 import re
 import threading
 from typing import Callable, Dict, Optional, Set
 
+from mindgrpo._spec import import_spec
 from mindgrpo.rewards.answers import (
     MARKDOWN_EMPHASIS,
     answer_candidates,
@@ -104,34 +104,6 @@ def is_batch_verifier(fn: Verifier) -> bool:
     return getattr(fn, BATCH_MARK, False) is True
 
 
-def _import_spec(spec: str) -> object:
-    """Import the object a `package.module:attr.path` spec names."""
-    module_name, _, attr_path = spec.partition(":")
-    if not module_name.strip() or not attr_path.strip():
-        raise VerifierSpecError(f"verifier spec {spec!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name and (module_name == exc.name or module_name.startswith(exc.name + ".")):
-            raise VerifierSpecError(
-                f"verifier spec {spec!r}: module {module_name!r} not found; check the spelling and that its folder "
-                "is on PYTHONPATH"
-            ) from exc
-        raise VerifierSpecError(f"verifier spec {spec!r}: importing {module_name!r} failed: {exc}") from exc
-    except Exception as exc:  # a broken user module: say which spec pulled it in
-        raise VerifierSpecError(
-            f"verifier spec {spec!r}: importing {module_name!r} raised {type(exc).__name__}: {exc}"
-        ) from exc
-    target: object = module
-    for part in attr_path.split("."):
-        if not hasattr(target, part):
-            close = difflib.get_close_matches(part, [n for n in dir(target) if not n.startswith("_")], n=3)
-            hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-            raise VerifierSpecError(f"verifier spec {spec!r}: {module_name!r} has no attribute {attr_path!r}.{hint}")
-        target = getattr(target, part)
-    return target
-
-
 def resolve_verifier(spec: str) -> Verifier:
     """The verifier for a registered name (see `VERIFIERS`) or a `package.module:function` spec.
 
@@ -151,7 +123,7 @@ def resolve_verifier(spec: str) -> Verifier:
             f"unknown verifier {spec!r}.{hint} Known verifiers: {', '.join(sorted(VERIFIERS))}. "
             "For your own function give 'package.module:function'."
         )
-    target = _import_spec(spec)
+    target = import_spec(spec, "verifier", VerifierSpecError)
     if not callable(target):
         raise VerifierSpecError(f"verifier spec {spec!r} names a {type(target).__name__}, not a function")
     _check_verifier_signature(target, spec)

@@ -1,4 +1,5 @@
-"""Verifier calls in worker processes that can be killed: `reward_config.verifier_parallel` and `verifier_timeout`.
+"""Calls in worker processes that can be killed: verifiers (`reward_config.verifier_parallel`, `verifier_timeout`)
+and tools (`mindgrpo.tools.runner`).
 
 Why processes, and why started this way:
 
@@ -35,7 +36,7 @@ from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tup
 START_TIMEOUT = 300.0
 
 _BOOT = ("import json, sys; sys.path[:] = json.loads(sys.argv[2]); "
-         "from mindgrpo.rewards.workers import serve; serve(int(sys.argv[1]))")
+         "from mindgrpo.workers import serve; serve(int(sys.argv[1]))")
 
 Call = Tuple[str, tuple, dict]  # (function name, positional args, keyword args)
 
@@ -109,12 +110,15 @@ class WorkerPool:
     garbage collected or the interpreter exits) kills them, and a later :meth:`run` starts new ones.
     """
 
-    def __init__(self, functions: Mapping[str, Callable], processes: int, timeout: float = 0.0):
+    def __init__(self, functions: Mapping[str, Callable], processes: int, timeout: float = 0.0,
+                 kind: str = "verifier"):
+        """``kind`` names the functions in errors ("verifier", "tool")."""
         if processes < 1:
             raise ValueError(f"WorkerPool needs at least one process, got {processes}")
         self.payload = pickle.dumps({name: pickle.dumps(fn) for name, fn in functions.items()})
         self.processes = processes
         self.timeout = float(timeout)
+        self.kind = kind
         self._workers: List[_Worker] = []
         weakref.finalize(self, _kill_all, self._workers)  # also runs at interpreter exit
 
@@ -173,8 +177,8 @@ class WorkerPool:
         now = time.monotonic()
         for worker in list(self._workers):
             if not worker.ready and now - worker.born > START_TIMEOUT:
-                raise WorkerStartError(f"a verifier worker process did not start within {START_TIMEOUT:.0f} s "
-                                       "(importing the verifiers' modules took too long)")
+                raise WorkerStartError(f"a {self.kind} worker process did not start within {START_TIMEOUT:.0f} s "
+                                       f"(importing the {self.kind}s' modules took too long)")
             if self.timeout > 0 and worker.task is not None and now - worker.started >= self.timeout:
                 outcomes[worker.task] = CallOutcome(error=f"took longer than {self.timeout:g} s", timed_out=True)
                 self._replace(worker)
@@ -185,7 +189,7 @@ class WorkerPool:
         except (EOFError, OSError):
             status = worker.process.wait()
             if worker.task is None:
-                raise WorkerStartError(f"a verifier worker process exited with status {status} while starting "
+                raise WorkerStartError(f"a {self.kind} worker process exited with status {status} while starting "
                                        "(its error, if any, is printed above)") from None
             outcomes[worker.task] = CallOutcome(error=f"ended its worker process (exit status {status})")
             self._replace(worker)
@@ -195,8 +199,8 @@ class WorkerPool:
             worker.ready = True
         elif kind == "failed":
             _, name, error = message
-            raise WorkerStartError(f"verifier {name!r} cannot be loaded in a worker process: {error}. Workers "
-                                   "import verifiers by name: it must be a top-level function of a module on "
+            raise WorkerStartError(f"{self.kind} {name!r} cannot be loaded in a worker process: {error}. Workers "
+                                   f"import {self.kind}s by name: it must be a top-level function of a module on "
                                    "PYTHONPATH")
         else:
             assert worker.task is not None
