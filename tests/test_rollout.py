@@ -366,6 +366,82 @@ def test_compaction_samples_what_decoding_every_row_samples(random_models, varia
         assert used == [min(b for b in (2, 4, 8) if b >= n) for n in live]
 
 
+class ScriptedTurns:
+    """A TurnHandler that answers each row's first ``answered`` turns with ``response`` and ends the next one."""
+
+    def __init__(self, response, answered):
+        self.response, self.answered, self.seen = list(response), answered, []
+
+    def respond(self, turns, turn_numbers):
+        self.seen += [(list(turn), number) for turn, number in zip(turns, turn_numbers)]
+        return [list(self.response) if number <= self.answered else None for number in turn_numbers]
+
+
+@pytest.mark.parametrize("variant", ["untied", "untied-plain"])
+def test_turns_append_exactly_their_tokens_and_the_model_samples_on_after_them(random_models, variant):
+    """Multi-turn rollouts (a TurnHandler, as tools use): after a row's turn ends, the handler's tokens follow it
+    exactly, marked in tool_mask (an EOS among them ends nothing), and the row samples again; every model token's
+    log-prob equals the full forward's over the whole prompt + completion, so the appended tokens reached the KV
+    cache as if the row had been prefilled with them. Compaction changes nothing (same tokens as decoding every
+    row), and a handler that ends every turn gives the single-turn rollout bit for bit."""
+    actor, engine = random_models(variant)
+    reference = random_models(variant + "-nocompact")[1]
+    settings = dict(max_tokens=32, num_generations=2, seed=11, logprobs=True, temperature=1.0)
+    stops = ragged_stop_ids(reference, SamplingParams(**settings))
+    params = SamplingParams(**settings, stop_token_ids=stops)
+    response = [11, 12, EOS, 13]
+    turns = ScriptedTurns(response, answered=2)
+    result = engine.generate(PROMPTS, params, turns=turns)
+    again = reference.generate(PROMPTS, params, turns=ScriptedTurns(response, answered=2))
+    assert np.array_equal(result.completion_ids, again.completion_ids)
+    assert np.array_equal(result.tool_mask, again.tool_mask)
+    rows = [p for p in PROMPTS for _ in range(2)]
+    stop_set = set(stops) | {EOS}
+    resumed = 0
+    for r, prompt in enumerate(rows):
+        n = int(result.completion_mask[r].sum())
+        ids, tool = result.completion_ids[r, :n].tolist(), result.tool_mask[r, :n].tolist()
+        # walk the row: model turns end at a sampled stop id, each answered turn is followed by the response
+        i, turn, starts = 0, 0, [0]
+        while i < n:
+            if tool[i] == 0 and ids[i] in stop_set:
+                turn += 1
+                if turn <= 2 and i + 1 < n:
+                    assert ids[i + 1:i + 1 + len(response)] == response and tool[i + 1:i + 1 + len(response)] == [1] * 4
+                    i += len(response)
+                    starts.append(i + 1)
+                    resumed += i + 1 < n
+            else:
+                assert tool[i] == 0, (r, i)
+            i += 1
+        assert sum(tool) == len(response) * (len(starts) - 1)
+        logits = full_forward_logits(actor, [prompt + ids])[0, len(prompt) - 1:len(prompt) - 1 + n]
+        log_softmax = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        model = np.array(tool) == 0
+        expected = log_softmax[np.arange(n), ids][model]
+        np.testing.assert_allclose(result.logprobs[r, :n][model], expected, rtol=0, atol=2e-5)
+        assert np.all(result.logprobs[r, :n][~model] == 0)
+    assert resumed >= 3  # rows sampled on after a response (not all ended at the limit right after one)
+    assert np.array_equal(result.model_mask, result.completion_mask * (1 - result.tool_mask))
+    first_turns = {tuple(turn) for turn, number in turns.seen if number == 1}
+    for r in range(len(rows)):
+        ids = result.completion_ids[r].tolist()
+        stop_at = next((i for i, t in enumerate(ids) if t in stop_set), None)
+        if stop_at is not None and result.completion_mask[r, stop_at]:
+            assert tuple(ids[:stop_at + 1]) in first_turns  # the handler got the sampled turn itself
+    single = engine.generate(PROMPTS, params)
+    ended = engine.generate(PROMPTS, params, turns=ScriptedTurns(response, answered=0))
+    assert single.tool_mask is None and not ended.tool_mask.any()
+    assert np.array_equal(single.completion_ids, ended.completion_ids)
+    assert np.array_equal(single.logprobs, ended.logprobs) and single.finish_reasons == ended.finish_reasons
+    # a response that leaves no room to answer ends the row there, without it
+    too_long = engine.generate(PROMPTS, params, turns=ScriptedTurns([13] * 40, answered=9))
+    assert not too_long.tool_mask.any() and np.array_equal(too_long.completion_ids, single.completion_ids)
+    assert all(reason == FINISH_LENGTH for reason, ids in zip(too_long.finish_reasons, too_long.completion_ids)
+               if set(ids.tolist()) & stop_set)
+
+
 def test_nothing_compiles_after_a_bucket_is_built(random_actor):
     """A bucket compiles its prefill and all its decode batches when it is built, so later rollouts in known
     buckets compile nothing, whatever their lengths (compaction picks among batches compiled up front)."""

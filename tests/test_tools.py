@@ -85,7 +85,7 @@ def run_files(tmp_path):
     checkpoint = tmp_path / "output" / "checkpoint-10" / "model.safetensors"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"weights")
-    home = Path.home() / ".mindgrpo-sandbox-test-secret"
+    home = Path.home() / f".mindgrpo-sandbox-test-{tmp_path.name}"
     home.write_text("token")
     yield [checkpoint, home]
     home.unlink()

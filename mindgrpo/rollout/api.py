@@ -3,7 +3,7 @@ completions."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
+from typing import Callable, List, NamedTuple, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 import numpy as np
 
@@ -86,17 +86,39 @@ class RolloutResult:
     completion_ids: np.ndarray
     """int32 [num_prompts*G, max_tokens], right-padded with the pad id."""
     completion_mask: np.ndarray
-    """int32, same shape: 1 on generated tokens including the EOS token that ended a sequence."""
+    """int32, same shape: 1 on the completion's tokens including the EOS token that ended it (with tools, the
+    tool responses appended between the model's turns too: see ``tool_mask``)."""
     finish_reasons: List[str]
     """Per row: ``"stop"`` (EOS emitted) or ``"length"`` (max_tokens reached)."""
     logprobs: Optional[np.ndarray] = None
     """float32, same shape, when ``SamplingParams.logprobs``: see that field for which distribution; 0 on
-    padding."""
+    padding and on tool responses."""
+    tool_mask: Optional[np.ndarray] = None
+    """int32, same shape, when a :class:`TurnHandler` appended tokens: 1 on them (context the model reads but did
+    not sample). None: every completion token is the model's."""
+
+    @property
+    def model_mask(self) -> np.ndarray:
+        """1 on the tokens the model sampled: what a loss trains on."""
+        return self.completion_mask if self.tool_mask is None else self.completion_mask * (1 - self.tool_mask)
 
     @property
     def num_tokens(self) -> int:
-        """Generated tokens (EOS included)."""
+        """Completion tokens (EOS and tool responses included)."""
         return int(self.completion_mask.sum())
+
+
+@runtime_checkable
+class TurnHandler(Protocol):
+    """What follows a model turn that ended with a stop token, in a multi-turn rollout (tools:
+    :class:`mindgrpo.tools.turns.ToolTurns`)."""
+
+    def respond(self, turns: Sequence[Sequence[int]], turn_numbers: Sequence[int]) -> List[Optional[List[int]]]:
+        """For each ended turn (the token ids the model sampled since its last turn began, its stop token
+        included; ``turn_numbers[i]``: 1 for a completion's first turn), the token ids to append before the model
+        continues, or None: the completion ends with this turn. Appended tokens are the model's context, never its
+        samples: the rollout feeds them as they are (no re-tokenisation of the model's text) and marks them in
+        ``RolloutResult.tool_mask``."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -180,7 +202,16 @@ def check_prompts(prompts: Sequence[Sequence[int]], max_prompt_length: int, voca
     return checked
 
 
-ChunkSampler = Callable[[List[List[int]], int], Tuple[List[List[int]], List[List[float]], List[str]]]
+class SampledRows(NamedTuple):
+    """One chunk's completions, a list per row."""
+    tokens: List[List[int]]
+    logprobs: List[List[float]]
+    reasons: List[str]
+    appended: Optional[List[List[int]]] = None
+    """Per row, 1 on each token a TurnHandler appended (None: none can have been)."""
+
+
+ChunkSampler = Callable[[List[List[int]], int], SampledRows]
 
 
 def generate_in_chunks(rows: List[List[int]], max_batch_size: int, sample_chunk: ChunkSampler,
@@ -191,23 +222,30 @@ def generate_in_chunks(rows: List[List[int]], max_batch_size: int, sample_chunk:
     tokens: List[List[int]] = []
     logprobs: List[List[float]] = []
     reasons: List[str] = []
+    appended: Optional[List[List[int]]] = []
     for start in range(0, len(rows), max_batch_size):
-        chunk_tokens, chunk_logprobs, chunk_reasons = sample_chunk(rows[start:start + max_batch_size], start)
-        tokens += chunk_tokens
-        logprobs += chunk_logprobs
-        reasons += chunk_reasons
-    return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens, pad_token_id)
+        chunk = sample_chunk(rows[start:start + max_batch_size], start)
+        tokens += chunk.tokens
+        logprobs += chunk.logprobs
+        reasons += chunk.reasons
+        appended = None if chunk.appended is None or appended is None else appended + chunk.appended
+    return assemble_result(tokens, reasons, logprobs if params.logprobs else None, params.max_tokens, pad_token_id,
+                           appended)
 
 
 def assemble_result(rows: List[List[int]], reasons: List[str], row_logprobs: Optional[List[List[float]]],
-                    max_tokens: int, pad_token_id: int) -> RolloutResult:
+                    max_tokens: int, pad_token_id: int, appended: Optional[List[List[int]]] = None
+                    ) -> RolloutResult:
     """Pad per-row token lists into the fixed-width arrays of a RolloutResult."""
     ids = np.full((len(rows), max_tokens), pad_token_id, np.int32)
     mask = np.zeros((len(rows), max_tokens), np.int32)
     logprobs = None if row_logprobs is None else np.zeros((len(rows), max_tokens), np.float32)
+    tool_mask = None if appended is None else np.zeros((len(rows), max_tokens), np.int32)
     for r, tokens in enumerate(rows):
         ids[r, :len(tokens)] = tokens
         mask[r, :len(tokens)] = 1
         if logprobs is not None:
             logprobs[r, :len(tokens)] = row_logprobs[r]
-    return RolloutResult(ids, mask, list(reasons), logprobs)
+        if tool_mask is not None:
+            tool_mask[r, :len(tokens)] = appended[r]
+    return RolloutResult(ids, mask, list(reasons), logprobs, tool_mask)

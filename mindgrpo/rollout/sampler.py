@@ -157,6 +157,12 @@ class TokenSampler:
             self.seen[rows, tokens] = True
         return tokens, np.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0].astype(np.float32)
 
+    def observe(self, rows: np.ndarray, tokens: np.ndarray) -> None:
+        """Tokens put into ``rows`` without sampling (a tool's response): context like any other, so the
+        repetition penalty counts them, as Hugging Face and vLLM count every token before the next."""
+        if self.seen is not None:
+            self.seen[rows, tokens] = True
+
     def _draw(self, probs: np.ndarray, rows: np.ndarray, step: int) -> np.ndarray:
         """One token per row of ``rows`` with probability ``probs`` (inverse CDF with the row's uniform at
         ``step``).

@@ -27,8 +27,8 @@ import numpy as np
 
 from mindspore import Tensor, nn
 
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
-                                  check_request, eos_tuple, generate_in_chunks, refuse_images)
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SampledRows,
+                                  SamplingParams, check_request, eos_tuple, generate_in_chunks, refuse_images)
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.rollout.backends.native import graph_mode
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
@@ -160,7 +160,8 @@ class MindFormersRolloutEngine:
         self.model = model
         self.sync_weights()
 
-    def _generate_chunk(self, row_prompts: List[List[int]], params: SamplingParams, seed: Optional[int]):
+    def _generate_chunk(self, row_prompts: List[List[int]], params: SamplingParams, seed: Optional[int]
+                        ) -> SampledRows:
         rows = len(row_prompts)
         batch = _batch_bucket(rows, self.max_batch_size)
         padded = row_prompts + [row_prompts[0]] * (batch - rows)  # fixed batch shapes: one graph per size
@@ -187,4 +188,4 @@ class MindFormersRolloutEngine:
             reasons.append(FINISH_STOP if completion and completion[-1] in eos else FINISH_LENGTH)
             if params.logprobs:
                 logprobs.append(processor.logprobs(r, completion))
-        return tokens, logprobs, reasons
+        return SampledRows(tokens, logprobs, reasons)

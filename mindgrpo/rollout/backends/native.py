@@ -68,8 +68,9 @@ from mindgrpo.config import PROMPT_LENGTH_BUCKET
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import decode_position_ids, get_rope_index
 from mindgrpo.models.qwen2 import Qwen2Model
-from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
-                                  check_prompts, check_request, eos_tuple, generate_in_chunks)
+from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SampledRows,
+                                  SamplingParams, TurnHandler, check_prompts, check_request, eos_tuple,
+                                  generate_in_chunks)
 from mindgrpo.ops.decode_step import fused_decode_available
 from mindgrpo.ops.kv_store import KvStore
 from mindgrpo.rollout.backends.native_graphs import (DecodeGraph, FusedDecodeGraph, FusedPrefillGraph, PrefillGraph,
@@ -249,9 +250,16 @@ class NativeRolloutEngine:
 
     # -- public API -------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+                 images: Optional[Sequence[Optional[PromptImages]]] = None,
+                 turns: Optional[TurnHandler] = None) -> RolloutResult:
         """See :meth:`mindgrpo.rollout.api.RolloutEngine.generate`. ``images``: one entry per prompt (its
-        :class:`~mindgrpo.rollout.api.PromptImages`, or None for a text-only prompt) for a Qwen2.5-VL actor."""
+        :class:`~mindgrpo.rollout.api.PromptImages`, or None for a text-only prompt) for a Qwen2.5-VL actor.
+
+        ``turns``: a multi-turn rollout. When a row samples a stop token, ``turns.respond`` gets the turn; the
+        tokens it returns are fed to that row one per decode step, in the same batch as the rows still sampling
+        (each goes into the row's KV cache like a sampled token: no row is prefilled again), and the row samples
+        again after them. Appended tokens count against ``max_tokens``; a row whose response does not fit in what
+        is left ends there (``length``)."""
         prompts = check_request(prompts, params, self.max_prompt_length, self.spec.vocab_size)
         vision = self._vision_prompts(prompts, images)
         g = params.num_generations
@@ -263,7 +271,7 @@ class NativeRolloutEngine:
 
         def sample_chunk(chunk, start):
             chunk_vision = None if row_vision is None else row_vision[start:start + len(chunk)]
-            return self._sample_chunk(chunk, params, seed, row_keys[start:start + len(chunk)], chunk_vision)
+            return self._sample_chunk(chunk, params, seed, row_keys[start:start + len(chunk)], chunk_vision, turns)
 
         with graph_mode():
             return generate_in_chunks(rows, self.max_batch_size, sample_chunk, params, self.pad_token_id)
@@ -318,34 +326,75 @@ class NativeRolloutEngine:
 
     # -- internals --------------------------------------------------------------------------------------
     def _sample_chunk(self, rows: List[List[int]], params: SamplingParams, seed: int, row_keys: np.ndarray,
-                      row_vision: Optional[List[Optional["_VisionPrompt"]]] = None
-                      ) -> Tuple[List[List[int]], List[List[float]], List[str]]:
+                      row_vision: Optional[List[Optional["_VisionPrompt"]]] = None,
+                      turns: Optional[TurnHandler] = None) -> SampledRows:
         """Sample completions for one batch of rows (each a prompt to continue, with its images in a Qwen2.5-VL
-        call): tokens, log-probs, reasons."""
+        call): tokens, log-probs, reasons, and with ``turns`` which tokens were appended."""
         stop_ids = np.array(self.eos_ids + params.stop_token_ids)
         decoder = _ChunkDecoder(self, rows, params.max_tokens, row_vision)
         sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, seed, row_keys, rows)
         tokens: List[List[int]] = [[] for _ in rows]
         logprobs: List[List[float]] = [[] for _ in rows]
+        appended: List[List[int]] = [[] for _ in rows]  # per token: 1 where a TurnHandler put it
+        forced: List[List[int]] = [[] for _ in rows]  # per row: appended tokens still to feed, in reverse order
+        turn_start, turn_count = [0] * len(rows), [0] * len(rows)
         reasons = [FINISH_LENGTH] * len(rows)
         active = np.ones(len(rows), bool)
         try:
             for step in range(params.max_tokens):
                 decoded = decoder.rows  # the rows decoder.logits belongs to: the live ones (all without compaction)
-                chosen, chosen_logprobs = sampler.sample(decoder.logits, step, decoded)
+                feeding = np.array([bool(forced[r]) for r in decoded], bool)
+                if not feeding.any():
+                    chosen, chosen_logprobs = sampler.sample(decoder.logits, step, decoded)
+                else:  # rows being fed a response take its next token; the others sample
+                    chosen = np.zeros(len(decoded), np.int64)
+                    chosen_logprobs = np.zeros(len(decoded), np.float32)
+                    sampled = ~feeding
+                    if sampled.any():
+                        chosen[sampled], chosen_logprobs[sampled] = sampler.sample(decoder.logits[sampled], step,
+                                                                                   decoded[sampled])
+                    chosen[feeding] = [forced[r].pop() for r in decoded[feeding]]
+                    sampler.observe(decoded[feeding], chosen[feeding])
                 for i in np.flatnonzero(active[decoded]):
                     tokens[decoded[i]].append(int(chosen[i]))
                     logprobs[decoded[i]].append(float(chosen_logprobs[i]))
-                stopped = decoded[active[decoded] & np.isin(chosen, stop_ids)]
-                for r in stopped:
-                    reasons[r] = FINISH_STOP
-                active[stopped] = False
+                    appended[decoded[i]].append(int(feeding[i]))
+                # an appended token never ends a turn: tool responses hold <|im_end|> themselves
+                ended = decoded[active[decoded] & ~feeding & np.isin(chosen, stop_ids)]
+                responses = self._respond(turns, ended, tokens, turn_start, turn_count)
+                for r, response in zip(ended, responses):
+                    if response is None:
+                        reasons[r] = FINISH_STOP
+                        active[r] = False
+                    elif len(tokens[r]) + len(response) >= params.max_tokens:  # no room to answer after it
+                        active[r] = False
+                    else:
+                        forced[r] = list(reversed(response))
+                        turn_start[r] = len(tokens[r]) + len(response)
                 if not active.any() or step + 1 == params.max_tokens:
                     break
                 decoder.advance(chosen, active[decoded])
         finally:
             decoder.bucket.release_cache()
-        return tokens, logprobs, reasons
+        return SampledRows(tokens, logprobs, reasons, None if turns is None else appended)
+
+    def _respond(self, turns: Optional[TurnHandler], ended: np.ndarray, tokens: List[List[int]],
+                 turn_start: List[int], turn_count: List[int]) -> List[Optional[List[int]]]:
+        """What follows each ended turn: None (the completion ends) without a TurnHandler."""
+        if turns is None or not len(ended):
+            return [None] * len(ended)
+        for r in ended:
+            turn_count[r] += 1
+        responses = turns.respond([tokens[r][turn_start[r]:] for r in ended], [turn_count[r] for r in ended])
+        if len(responses) != len(ended):
+            raise RuntimeError(f"{type(turns).__name__}.respond answered {len(responses)} of {len(ended)} turns")
+        responses = [None if response is None else [int(t) for t in response] for response in responses]
+        vocab = self.spec.vocab_size
+        bad = [t for response in responses if response for t in response if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"{type(turns).__name__}.respond returned token ids outside the vocabulary [0, {vocab}):"
+                             f" {bad[:5]}")
+        return responses
 
     def bucket_for(self, row_prompts: Sequence[Sequence[int]], max_tokens: int,
                    row_vision: Optional[Sequence[Optional["_VisionPrompt"]]] = None) -> "_Bucket":
