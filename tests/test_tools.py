@@ -207,3 +207,43 @@ def test_every_failing_call_answers_with_an_error_text_and_the_runner_goes_on():
         assert runner.run([ToolCall("calculator", {"expression": "2 + 2"})])[0].text == "4"  # still serving
     finally:
         runner.close()
+
+
+# ------------------------------------------------------------------------------------------------ turns
+def test_tool_turns_answer_calls_with_the_templates_tokens_and_end_turns_without_calls(tiny_model_dir):
+    """ToolTurns (the rollout's TurnHandler): a turn's calls run, and the answer is the tokenised user turn Qwen2.5's
+    template renders after it; the prompt, the model's own ids and the answer decode to the template's rendering of
+    the whole conversation. A turn without a call, or past max_turns, ends the completion; long results are cut."""
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.tools import ToolTurns
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    tools = resolve_tools(["calculator", "python"])
+    runner = ToolRunner(tools, processes=1, timeout=10)
+    turns = ToolTurns(tokenizer, runner, max_turns=2, max_response_tokens=12)
+    try:
+        call = {"name": "calculator", "arguments": {"expression": "127 * 46"}}
+        model_turn = f"Let me compute.\n<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+        messages = [{"role": "user", "content": "What is 127 * 46?"}]
+        signatures = [tool.signature for tool in tools]
+        prompt = tokenizer.encode(render(messages, signatures, add_generation_prompt=True))
+        turn = tokenizer.encode(model_turn)
+        plain = tokenizer.encode("It is 5842.<|im_end|>")
+        loud = tokenizer.encode('<tool_call>\n{"name": "python", "arguments": {"code": "print(\'ab \' * 500)"}}\n'
+                                "</tool_call><|im_end|>")
+        answers = turns.respond([turn, plain, turn, loud], [1, 1, 3, 2])
+        assert answers[0] == tokenizer.encode(responses_text(["5842"]))
+        assert answers[1] is None and answers[2] is None  # no call; a call past max_turns
+        conversation = messages + [{"role": "assistant", "content": "Let me compute.",
+                                    "tool_calls": [{"type": "function", "function": call}]},
+                                   {"role": "tool", "content": "5842"}]
+        assert tokenizer.decode(prompt + turn + answers[0], skip_special_tokens=False) == render(
+            conversation, signatures, add_generation_prompt=True)
+        cut = tokenizer.decode(answers[3], skip_special_tokens=False)
+        assert "[output truncated]" in cut and cut.count("ab") < 20
+        stats = turns.take_stats()
+        assert 0 < stats.pop("seconds") < 30
+        assert stats == {"calls": 2, "errors": 0, "timeouts": 0, "truncated": 1, "over_turn_limit": 1}
+        assert turns.take_stats()["calls"] == 0  # taken: counts start again
+    finally:
+        runner.close()

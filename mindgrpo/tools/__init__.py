@@ -4,7 +4,8 @@ from mindgrpo.tools.format import ToolCall, parse_calls, responses_text, system_
 from mindgrpo.tools.registry import BUILTIN_TOOLS, Tool, ToolSpecError, resolve_tool, resolve_tools, tool_signature
 from mindgrpo.tools.runner import ToolResult, ToolRunner
 from mindgrpo.tools.sandbox import SandboxLimits, SandboxResult, run_python
+from mindgrpo.tools.turns import ToolTurns
 
 __all__ = ["BUILTIN_TOOLS", "SandboxLimits", "SandboxResult", "Tool", "ToolCall", "ToolResult", "ToolRunner",
-           "ToolSpecError", "parse_calls", "resolve_tool", "resolve_tools", "responses_text", "run_python",
+           "ToolSpecError", "ToolTurns", "parse_calls", "resolve_tool", "resolve_tools", "responses_text", "run_python",
            "system_turn", "tool_signature"]
