@@ -101,19 +101,23 @@ def demo_plain(tmp_path_factory):
     return demo.make_demo(tmp_path_factory.mktemp("demo_plain") / "demo", warm_start_steps=0)
 
 
-@pytest.fixture(scope="session")
-def demo_prompts(tmp_path_factory, demo_plain):
-    """16 demo prompts as a MindRecord (one prompt width: the step graphs compile once)."""
+def convert_demo_rows(folder: Path, demo, count: int, **options) -> Path:
+    """The demo's first ``count`` training rows as a MindRecord in ``folder`` (``options``: convert_dataset's)."""
     from mindgrpo.data import convert_dataset
     from mindgrpo.data.tokenizer import load_tokenizer
 
-    folder = tmp_path_factory.mktemp("demo_prompts")
-    rows = demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:16]
+    rows = demo.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:count]
     (folder / "train.jsonl").write_text("".join(rows), encoding="utf-8")
     out = folder / "train.mindrecord"
-    convert_dataset(folder / "train.jsonl", out, load_tokenizer(demo_plain.model_dir), dataset_type="gsm8k",
-                    prompt_template="gsm8k_hash", max_prompt_length=64, progress=False)
+    convert_dataset(folder / "train.jsonl", out, load_tokenizer(demo.model_dir), dataset_type="gsm8k",
+                    prompt_template="gsm8k_hash", progress=False, **options)
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_prompts(tmp_path_factory, demo_plain):
+    """16 demo prompts as a MindRecord (one prompt width: the step graphs compile once)."""
+    return convert_demo_rows(tmp_path_factory.mktemp("demo_prompts"), demo_plain, 16, max_prompt_length=64)
 
 
 def small_run_config(out: Path, dataset: Path, model: Path, *, max_prompt_length: int, seq_length: int,

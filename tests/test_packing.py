@@ -117,9 +117,10 @@ def test_packed_forward_equals_the_shared_forward(model_dir, ms_mode):
     np.testing.assert_allclose(packed[real], padded[real], rtol=0, atol=1e-5)
 
 
-def worker(model_dir: Path, loss_type: str, budget: int):
+def worker(model_dir: Path, loss_type: str, budget: int, max_grad_norm: float = 1.0):
     """A ModelWorker with a reference model, two passes per rollout (old log-probs) and update micro-batches of one
-    group; ``budget`` 4 x W packs four rows per forward (the 8 rows of ``make_rollouts`` in two)."""
+    group; ``budget`` 4 x W packs four rows per forward (the 8 rows of ``make_rollouts`` in two); ``max_grad_norm``
+    0 leaves the gradients unclipped."""
     from mindgrpo.train.model_worker import ModelWorker
 
     config = GRPOConfig()
@@ -129,6 +130,7 @@ def worker(model_dir: Path, loss_type: str, budget: int):
     config.actor_config.load = str(model_dir)
     config.actor_config.micro_batch_size = config.ref_config.ref_model_batch_size = NUM_GENERATIONS
     config.actor_config.max_tokens_per_micro_batch = budget
+    config.actor_config.optimizer.max_grad_norm = max_grad_norm
     config.generate_config.sampling_config.max_tokens = W
     return ModelWorker(validate(config, check_paths=False), DistInfo(), eos_token_id=VOCAB - 1, pad_token_id=PAD)
 

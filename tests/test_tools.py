@@ -2,7 +2,6 @@
 transformers, the calculator, the python sandbox against what model-written code tries, user tools, and a runner
 that answers every failure with a text."""
 import json
-import os
 import socket
 import time
 from pathlib import Path
@@ -247,3 +246,25 @@ def test_tool_turns_answer_calls_with_the_templates_tokens_and_end_turns_without
         assert turns.take_stats()["calls"] == 0  # taken: counts start again
     finally:
         runner.close()
+
+
+def test_turns_read_the_models_own_ids_which_re_tokenising_would_change(tiny_model_dir):
+    """A model can sample a word letter by letter where the tokeniser has fewer tokens for it. Its text then
+    re-tokenises to other ids (so a loss mask built from re-tokenised text would be out of step with what was
+    sampled); ToolTurns only decodes the turn to read the call, and answers it."""
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.tools import ToolTurns
+
+    tokenizer = load_tokenizer(tiny_model_dir)
+    apart = [tokenizer.encode(letter)[0] for letter in "expression"]
+    head = tokenizer.encode('<tool_call>\n{"name": "calculator", "arguments": {"')
+    tail = tokenizer.encode('": "127 * 46"}}\n</tool_call><|im_end|>')
+    turn = head + apart + tail
+    retokenised = tokenizer.encode(tokenizer.decode(turn, skip_special_tokens=False))
+    assert retokenised != turn and len(retokenised) < len(turn)
+    runner = ToolRunner(resolve_tools(["calculator"]), processes=1, timeout=10)
+    try:
+        answer = ToolTurns(tokenizer, runner, max_turns=1, max_response_tokens=16).respond([turn], [1])[0]
+    finally:
+        runner.close()
+    assert answer == tokenizer.encode(responses_text(["5842"]))

@@ -41,6 +41,9 @@ def build_parser(prog: Optional[str] = "mindgrpo data") -> argparse.ArgumentPars
     parser.add_argument("--seq_length", type=int, default=None,
                         help="training sequence length (prompt + completion); must exceed --max_prompt_length")
     parser.add_argument("--pad_token_id", type=int, default=None, help="default: the tokenizer's pad token")
+    parser.add_argument("--tools", nargs="+", default=[], metavar="TOOL",
+                        help="offer these tools in every prompt (Qwen2.5's system turn), as rl_config.tools lists "
+                             "them: calculator, python, or package.module:function")
     parser.add_argument("--strict", action="store_true", help="stop at the first bad row and write nothing")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar")
@@ -74,7 +77,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo d
             args.file_path, args.output_path, tokenizer, dataset_type=args.dataset_type,
             prompt_template=args.prompt_template, max_prompt_length=args.max_prompt_length,
             pad_token_id=args.pad_token_id, strict=args.strict, overwrite=args.overwrite,
-            progress=not args.no_progress, on_error=report, image_config=image_config)
+            progress=not args.no_progress, on_error=report, image_config=image_config, tools=args.tools)
     except (DataError, TokenizerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

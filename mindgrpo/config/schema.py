@@ -309,6 +309,28 @@ class GenerationConfig:
 
 
 @dataclass
+class ToolsConfig:
+    """Multi-turn rollouts in which the model calls tools (TRL's ``tools``, verl's multi-turn): the prompt's system
+    turn lists them in Qwen2.5's format, a turn that calls one is answered with its result, and the model goes on.
+    The results are the model's context, never its samples: the loss leaves them out (see mindgrpo.tools)."""
+
+    tools: List[str] = field(default_factory=list)
+    """Tools the model may call: ``calculator`` (arithmetic), ``python`` (sandboxed; see the README), or your own as
+    ``package.module:function`` (a top-level function whose type hints and Google-style docstring give its JSON
+    signature, or decorated with ``mindgrpo.tools.tool_signature``). Empty (default): single-turn rollouts. The
+    dataset must have been converted with the same ``--tools``, which puts them in every prompt."""
+    max_tool_turns: int = 4
+    """Tool-calling turns per completion; a turn that calls a tool after that ends the completion."""
+    max_tool_response_tokens: int = 256
+    """A tool's result is cut to this many tokens (and says so) before the model reads it."""
+    tool_timeout: float = 30.0
+    """Seconds a tool call may take; a slower one is stopped and answered with an error (counted in
+    ``tools/timeouts``). The python tool also stops its code at its own limits (10 s, 5 CPU seconds)."""
+    tool_parallel: int = 2
+    """Worker processes (per rank) running tool calls; the calls of turns that end together run side by side."""
+
+
+@dataclass
 class ShapesConfig:
     """The token shapes every graph is compiled for."""
 
@@ -505,8 +527,8 @@ class CheckpointConfig:
     expected); 0: off."""
 
 @dataclass
-class RLConfig(CheckpointConfig, RewardShapingConfig, LossConfig, ShapesConfig, GenerationConfig, ScheduleConfig,
-               RunConfig):
+class RLConfig(CheckpointConfig, RewardShapingConfig, LossConfig, ShapesConfig, ToolsConfig, GenerationConfig,
+               ScheduleConfig, RunConfig):
     """``rl_config``: one flat yaml group (MindRLHF's keys as they are), made of the concept groups above, as TRL's
     GRPOConfig sections its own. A dataclass lists inherited fields from the last base to the first, so the yaml
     and ``config-help`` read RunConfig's keys first; :meth:`groups` gives the groups in that order."""

@@ -47,7 +47,8 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     problems = (_choice_problems(config) + _range_problems(config) + _length_problems(config)
                 + _shared_prompt_problems(config) + _packing_problems(config) + _layout_problems(config)
                 + _reward_problems(config) + _generation_problems(config)
-                + _vision_problems(config) + _model_source_problems(config) + _lora_problems(config))
+                + _vision_problems(config) + _model_source_problems(config) + _lora_problems(config)
+                + _tool_problems(config))
     if config.generate_config.backend == "vllm":
         problems += _vllm_layout_problems(config)
     if check_paths:
@@ -179,6 +180,28 @@ def _generation_problems(config: GRPOConfig) -> List[str]:
         if value % rl.steps_per_generation:
             problems.append(f"rl_config.{key} = {value}: must be a multiple of rl_config.steps_per_generation = "
                             f"{rl.steps_per_generation} (checkpoints are saved between generations only)")
+    return problems
+
+
+def _tool_problems(config: GRPOConfig) -> List[str]:
+    """Multi-turn tool rollouts run in the native engine, on one tensor-parallel rank per group for now: every rank of
+    a group would run the tools itself, and a tool whose output differs between runs (time, randomness) would make
+    the ranks' rollouts differ."""
+    rl = config.rl_config
+    problems = [f"rl_config.{key} = {getattr(rl, key)}: must be at least 1"
+                for key in ("max_tool_turns", "max_tool_response_tokens", "tool_parallel") if getattr(rl, key) < 1]
+    if not rl.tool_timeout > 0:
+        problems.append(f"rl_config.tool_timeout = {rl.tool_timeout}: must be a positive number of seconds")
+    if not rl.tools:
+        return problems
+    if config.generate_config.backend != "native":
+        problems.append(f"rl_config.tools = {rl.tools} needs generate_config.backend: native (the engine that "
+                        f"pauses a row for its tool calls); it is {config.generate_config.backend}")
+    model_parallel = config.actor_config.parallel_config.model_parallel
+    if model_parallel > 1:
+        problems.append(f"rl_config.tools with actor_config.parallel_config.model_parallel = {model_parallel}: "
+                        "tool rollouts do not yet share one rank's tool results with its tensor-parallel group; use "
+                        "model_parallel: 1 (data parallelism works)")
     return problems
 
 

@@ -24,7 +24,7 @@ import numpy as np
 from mindgrpo._io import fsync, pid_alive
 from mindgrpo.data.readers import (IMAGE_DATASETS, DataError, PathLike, Record, Row, RowError, count_rows,
                                    read_dataset)
-from mindgrpo.data.templates import PROMPT_TEMPLATES, render_prompt, render_vl_prompt
+from mindgrpo.data.templates import PROMPT_TEMPLATES, render_prompt, render_tool_prompt, render_vl_prompt
 
 if TYPE_CHECKING:
     from mindgrpo.data.images import ImageProcessorConfig
@@ -190,14 +190,17 @@ def _vl_prompt(rec: Record, template: str, image_config: "ImageProcessorConfig")
 
 
 def _encode_chunk(chunk: Sequence[Row], tokenizer: "Tokenizer", template: str, max_prompt_length: int, pad: int,
-                  image_config: Optional["ImageProcessorConfig"] = None) -> tuple[list[dict], list[RowError]]:
+                  image_config: Optional["ImageProcessorConfig"] = None, signatures: Sequence[dict] = ()
+                  ) -> tuple[list[dict], list[RowError]]:
     """MindRecord rows for the usable records of `chunk` (one parallel tokenizer call), and the chunk's row
     errors in line order, too-long prompts included. With `image_config` (an image dataset) every prompt goes
     through Qwen2.5-VL's chat template and the rows carry their images."""
     errors = [r for r in chunk if isinstance(r, RowError)]
     records, texts, grids = [], [], []
     for rec in (r for r in chunk if isinstance(r, Record)):
-        if image_config is None:
+        if signatures:
+            text, rec_grids = render_tool_prompt(template, rec.question, signatures), []
+        elif image_config is None:
             text, rec_grids = render_prompt(template, rec.question), []
         else:
             try:
@@ -230,7 +233,8 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
                     prompt_template: str, max_prompt_length: int, pad_token_id: Optional[int] = None,
                     strict: bool = False, overwrite: bool = False, progress: bool = True,
                     on_error: Optional[Callable[[RowError], None]] = None,
-                    image_config: Optional["ImageProcessorConfig"] = None) -> ConversionSummary:
+                    image_config: Optional["ImageProcessorConfig"] = None,
+                    tools: Sequence[str] = ()) -> ConversionSummary:
     """Convert a source dataset into a mindgrpo prompt MindRecord at `output_path` (plus its `.db` index).
 
     Bad rows (invalid JSON, missing field, no parsable answer, prompt longer than `max_prompt_length` tokens) are
@@ -240,7 +244,9 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
     Only `tokenizer.encode_batch`, `.pad_token_id` and `.vocab_size` are used. Datasets with images need
     `image_config` (the model folder's `preprocessor_config.json`): it fixes how many `<|image_pad|>` tokens each
     image takes, and is stored in the metadata so training preprocesses the images the same way. Rows whose image
-    cannot be used are skipped as `bad_image`.
+    cannot be used are skipped as `bad_image`. With `tools` (names as in ``rl_config.tools``) every prompt starts
+    with Qwen2.5's system turn offering them; the names and signatures are stored in the metadata, and training
+    checks them against its own ``rl_config.tools``.
     """
     from mindspore.mindrecord import FileWriter  # lazy: importing mindspore costs seconds
     from tqdm import tqdm
@@ -259,6 +265,14 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
                          "from_pretrained(model folder), the folder's preprocessor_config.json)")
     if with_images:
         render_vl_prompt(prompt_template, "", [])  # a template that is not one ChatML user turn fails here, once
+    signatures: list = []
+    if tools:
+        from mindgrpo.tools.registry import resolve_tools
+
+        if with_images:
+            raise ValueError(f"dataset_type {dataset_type!r} has images: tools with image prompts are not built yet")
+        signatures = [dict(tool.signature) for tool in resolve_tools(list(tools))]
+        render_tool_prompt(prompt_template, "", signatures)  # a template that cannot offer tools fails here, once
     rows = read_dataset(input_path, dataset_type)
     output = Path(output_path).absolute()
     if output.is_dir():
@@ -277,6 +291,8 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
             "source": Path(input_path).name}
     if with_images:  # what the stored grids and pad counts depend on; training must preprocess the same way
         meta["image_processor"] = asdict(image_config)
+    if tools:  # what the prompts offer: training must run the same tools
+        meta.update(tools=list(tools), tool_signatures=signatures)
     lengths: list[int] = []
     staged = _StagedMindRecord(output)
     try:
@@ -288,7 +304,7 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
                   disable=not show, delay=1.0, desc=f"converting {Path(input_path).name}") as bar:
             for chunk in _chunks(rows, _CHUNK_ROWS):
                 batch, errors = _encode_chunk(chunk, tokenizer, prompt_template, max_prompt_length, pad,
-                                              image_config if with_images else None)
+                                              image_config if with_images else None, signatures)
                 lengths.extend(row["prompt_length"] for row in batch)
                 for err in errors:
                     if strict:

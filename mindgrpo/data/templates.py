@@ -83,6 +83,19 @@ IMAGE_PAD = "<|image_pad|>"
 _USER_TURN = re.compile(r"<\|im_start\|>user\n(?P<content>.*)<\|im_end\|>\n<\|im_start\|>assistant\n", re.DOTALL)
 
 
+def render_tool_prompt(template: str, question: str, signatures: Sequence[dict]) -> str:
+    """The prompt text for `question` offering tools: Qwen2.5's system turn listing their `signatures`
+    (``mindgrpo.tools.format.system_turn``) before the template's user turn, as Qwen2.5's chat template renders a
+    user message with ``tools=``."""
+    from mindgrpo.tools.format import system_turn
+
+    text = render_prompt(template, question)
+    if _USER_TURN.fullmatch(text) is None:
+        raise ValueError(f"prompt template {template!r} is not one ChatML user turn, so it cannot offer tools; use "
+                         "chatml, gsm8k_hash or r1_zero")
+    return system_turn(signatures) + text
+
+
 def render_vl_prompt(template: str, question: str, image_tokens: Sequence[int], image_tag: str = "<image>") -> str:
     """The prompt text for a question with images: the user turn of the template named `template` rendered through
     Qwen2.5-VL's chat template, its i-th `image_tag` replaced by the i-th image's block of `image_tokens[i]`

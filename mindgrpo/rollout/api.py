@@ -142,10 +142,12 @@ class RolloutEngine(Protocol):
     """A rollout backend (``native``, ``mindformers`` or ``vllm``)."""
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+                 images: Optional[Sequence[Optional[PromptImages]]] = None,
+                 turns: Optional["TurnHandler"] = None) -> RolloutResult:
         """Sample ``params.num_generations`` completions for each prompt (lists of token ids, any lengths).
         ``images`` (Qwen2.5-VL, ``native`` backend only): one entry per prompt, its :class:`PromptImages` or None
-        for a text-only prompt; None for a text-only call."""
+        for a text-only prompt; None for a text-only call. ``turns`` (``native`` only): a multi-turn rollout's
+        :class:`TurnHandler`; None: one turn."""
 
     def sync_weights(self) -> None:
         """Make the next ``generate`` use the actor's current weights."""
@@ -174,6 +176,13 @@ def check_request(prompts: Sequence[Sequence[int]], params: SamplingParams, max_
     if bad_stops:
         raise ValueError(f"stop_token_ids {bad_stops} are outside the vocabulary [0, {vocab_size})")
     return check_prompts(prompts, max_prompt_length, vocab_size)
+
+
+def refuse_turns(turns: Optional["TurnHandler"], backend: str) -> None:
+    """A clear error when a backend without multi-turn rollouts is given a TurnHandler."""
+    if turns is not None:
+        raise NotImplementedError(f"the {backend} rollout backend samples one turn; multi-turn rollouts (tools) need "
+                                  "rollout_backend: native")
 
 
 def refuse_images(images: Optional[Sequence[Optional[PromptImages]]], backend: str) -> None:

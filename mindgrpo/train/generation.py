@@ -63,6 +63,7 @@ class Round:
     rewards: RewardBatch
     overlong: np.ndarray          # float32 [N]: the overlong penalty already added to the rewards (0 when off)
     images: Optional[List[Optional[PromptImages]]] = None  # Qwen2.5-VL: each prompt's embedded images; None: text
+    tool_stats: Dict[str, float] = field(default_factory=dict)  # ToolTurns.take_stats() of this round; {}: no tools
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Generation:
     rounds: int
     steps: int
     images: Optional[List[Optional[PromptImages]]]  # each group's prompt's embedded images (Qwen2.5-VL); None: text
+    tool_stats: Dict[str, float]         # over every round: tool calls, failures, ... and seconds ({}: no tools)
     advantages: Optional[np.ndarray] = None          # float32 [N], set by the trainer
     old_logp: List[np.ndarray] = field(default_factory=list)  # per step, when the update needs the old policy's
     taken: int = 0                                   # steps handed out so far
@@ -110,9 +112,12 @@ class Generation:
         truncated = np.array([rounds[r].result.finish_reasons[i] == FINISH_LENGTH for r, i in rows], bool)
         with_logp = all(rd.result.logprobs is not None for rd in rounds)
         sampling_logp = stack(lambda rd: rd.result.logprobs).astype(np.float32) * (mask > 0) if with_logp else None
+        with_tools = any(rd.result.tool_mask is not None for rd in rounds)
+        tool_mask = stack(lambda rd: rd.result.completion_mask - rd.result.model_mask).astype(np.int32) \
+            if with_tools else None
         rollouts = RolloutBatch(prompt, prompt_mask, np.where(mask > 0, ids, pad_token_id).astype(np.int32),
                                 mask.astype(np.int32), truncated, mask_truncated=mask_truncated,
-                                sampling_logp=sampling_logp, in_loss=np.repeat(in_loss, G))
+                                sampling_logp=sampling_logp, in_loss=np.repeat(in_loss, G), tool_mask=tool_mask)
         names = list(rounds[0].rewards.per_verifier)
         return cls(rollouts, stack(lambda rd: rd.rewards.aggregated).astype(np.float32),
                    stack(lambda rd: rd.rewards.total).astype(np.float32),
@@ -121,7 +126,8 @@ class Generation:
                    {name: sum(rd.rewards.timeouts[name] for rd in rounds) for name in names},
                    [rounds[r].completions[i] for r, i in rows], [rounds[r].golds[i // G] for r, i in rows],
                    prompts, rounds[0], total_rounds, steps,
-                   None if rounds[0].images is None else [rounds[r].images[g] for r, g in chosen])
+                   None if rounds[0].images is None else [rounds[r].images[g] for r, g in chosen],
+                   {key: sum(rd.tool_stats[key] for rd in rounds) for key in rounds[0].tool_stats})
 
     @property
     def unfilled_groups(self) -> int:

@@ -36,6 +36,7 @@ from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
 from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
+from mindgrpo.rollout.api import TurnHandler
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
@@ -117,15 +118,17 @@ class ModelWorker:
 
     # ------------------------------------------------------------------------------------------------------------
     def generate(self, prompts: Sequence[np.ndarray], *, seed: int,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None, prompt_keys: Sequence[int] = ()):
+                 images: Optional[Sequence[Optional[PromptImages]]] = None, prompt_keys: Sequence[int] = (),
+                 turns: Optional[TurnHandler] = None):
         """``num_generations`` completions per prompt; ``images``: a Qwen2.5-VL step's :meth:`embed_images`;
-        ``prompt_keys``: each prompt's place in the global batch (``SamplingParams.prompt_keys``)."""
+        ``prompt_keys``: each prompt's place in the global batch (``SamplingParams.prompt_keys``); ``turns``: a
+        multi-turn rollout's handler (tools; native engine only, which config validation ensures)."""
         s = self.sampling
         params = SamplingParams(max_tokens=s.max_tokens, min_tokens=s.min_tokens, temperature=s.temperature,
                                 top_p=s.top_p, top_k=s.top_k, repetition_penalty=s.repetition_penalty, seed=seed,
                                 num_generations=self.config.rl_config.num_generations, logprobs=True,
                                 prompt_keys=tuple(prompt_keys))
-        return self.engine.generate([list(map(int, p)) for p in prompts], params, images)
+        return self.engine.generate([list(map(int, p)) for p in prompts], params, images, turns)
 
     def embed_images(self, images) -> Optional[List[Optional[PromptImages]]]:
         """A batch's images (``PromptBatch.images``) through the vision tower, once per prompt; None for text."""
@@ -320,10 +323,9 @@ class ModelWorker:
             weights = step_row_weights(self.settings, loss_mask.sum(1), micro,
                                        dp_size=self.dist.dp_size, num_items_in_batch=global_tokens,
                                        max_completion_length=self.config.generate_config.sampling_config.max_tokens)
-            in_loss = loss_mask.any(1)
             for batch in micro_batches(rollouts, self.pack_rows, self.config.rl_config.num_generations):
                 rows = batch.completions
-                mask = batch.mask * in_loss[rows][:, None]
+                mask = batch.mask * loss_mask[rows]  # the mask's columns are its completions' own tokens
                 yield (step_batch({**self._packed_inputs(rollouts, batch), "unpack": batch.unpack, "loss_mask": mask,
                                    "advantages": advantages[rows], "old_logp": old[rows], "ref_logp": ref[rows],
                                    "sampling_logp": sampling[rows], "row_weights": weights[rows]}),

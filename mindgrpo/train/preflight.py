@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence, Tuple
 
 import numpy as np
 
 from mindgrpo.config import ConfigError, check_micro_batches, check_parallel_layout, parallel_layout_dims, validate
 from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_prompt
+from mindgrpo.data.templates import render_tool_prompt
 from mindgrpo.parallel.groups import launched_by_msrun
 
 if TYPE_CHECKING:
     from mindgrpo.config import GRPOConfig
     from mindgrpo.data.tokenizer import Tokenizer
     from mindgrpo.rewards.scorer import RewardScorer
+    from mindgrpo.tools.registry import Tool
 
 _RECHECKED_ROWS = 8  # prompts re-tokenized to recognise the tokenizer a MindRecord was made with
 
@@ -32,6 +34,7 @@ class RunInputs:
     tokenizer: "Tokenizer"
     dataset: PromptDataset
     scorer: "RewardScorer"
+    tools: Tuple["Tool", ...] = ()
 
 
 def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
@@ -43,6 +46,7 @@ def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
     from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
 
     validate(config, check_paths=check_paths)
+    tools = run_tools(config)
     scorer = check_settings(config)
     try:
         world_size = launched_world_size()
@@ -55,10 +59,40 @@ def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
         dataset = PromptDataset(config.rl_config.dataset_file)
         check_run_inputs(config, tokenizer, dataset,
                          world_size=world_size // config.actor_config.parallel_config.model_parallel)
+        check_dataset_tools(dataset, config.rl_config.tools, tools)
     except BaseException:
         scorer.close()  # its verifier worker processes, if it started any
         raise
-    return RunInputs(tokenizer, dataset, scorer)
+    return RunInputs(tokenizer, dataset, scorer, tools)
+
+
+def run_tools(config: "GRPOConfig") -> Tuple["Tool", ...]:
+    """The tools of ``rl_config.tools``, resolved: a misspelled name or a user tool that does not import is a
+    check."""
+    if not config.rl_config.tools:
+        return ()
+    from mindgrpo.tools.registry import resolve_tools
+
+    try:
+        return resolve_tools(config.rl_config.tools)
+    except ValueError as err:  # ToolSpecError
+        raise ConfigError(f"rl_config.tools: {err}") from None
+
+
+def check_dataset_tools(dataset: PromptDataset, specs: Sequence[str], tools: Tuple["Tool", ...]) -> None:
+    """The prompts must offer exactly the tools the run answers (``specs``: ``rl_config.tools``; ``tools``: them
+    resolved): a model offered a tool the run does not run, or never told of one it does, learns nothing from it."""
+    offered = dataset.metadata.get("tools", [])
+    names = [tool.name for tool in tools]
+    if list(offered) != list(specs):
+        flag = f"--tools {' '.join(offered)}" if offered else "no --tools"
+        raise DataError(f"rl_config.dataset_file = {dataset.path} was converted with {flag}, but rl_config.tools = "
+                        f"{list(specs)}: convert it again with tools/rlhf_data.py --tools <the same tools>, or set "
+                        "rl_config.tools to the tools its prompts offer")
+    if offered and dataset.metadata.get("tool_signatures") != [dict(tool.signature) for tool in tools]:
+        raise DataError(f"rl_config.dataset_file = {dataset.path}: its prompts describe the tools {names} otherwise "
+                        "than they are now (a docstring or signature changed since conversion); convert it again "
+                        "with tools/rlhf_data.py --tools")
 
 
 def check_settings(config: "GRPOConfig") -> "RewardScorer":
@@ -264,6 +298,8 @@ def _check_same_tokenizer(dataset: PromptDataset, tokenizer: "Tokenizer", tokeni
 def _rendered(dataset: PromptDataset, template: str, index: int) -> str:
     """Prompt ``index`` as the conversion rendered it (with images: through Qwen2.5-VL's chat template, one
     <|image_pad|> per merged patch of each stored grid)."""
+    if dataset.metadata.get("tools"):
+        return render_tool_prompt(template, dataset.questions[index], dataset.metadata["tool_signatures"])
     if dataset.image_files is None:
         return render_prompt(template, dataset.questions[index])
     from mindgrpo.data.images import image_token_count

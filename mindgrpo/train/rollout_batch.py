@@ -27,6 +27,9 @@ class RolloutBatch:
     """bool [N]: False on the rows of groups that only fill a dynamic-sampling batch to its static size (see
     mindgrpo.train.generation); None: all rows are in the loss."""
     vision: Optional["VisionBatch"] = None  # Qwen2.5-VL prompts: M-RoPE positions and image features; None: text
+    tool_mask: Optional[np.ndarray] = None
+    """int32 [N, T]: 1 on the tool responses a multi-turn rollout appended (the model reads them, it did not sample
+    them); None: every completion token is the model's."""
 
     def __post_init__(self) -> None:
         self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
@@ -36,12 +39,13 @@ class RolloutBatch:
 
     @property
     def loss_mask(self) -> np.ndarray:
-        """int32 [N, T]: the tokens the loss sees. ``completion_mask``, with the rows of truncated completions
-        zeroed under ``mask_truncated`` (TRL's ``mask_truncated_completions``) and those of filler groups
-        (``in_loss`` False). The forwards still read the completions in full; only the loss, its token count and
-        its metrics leave them out."""
+        """int32 [N, T]: the tokens the loss sees. ``completion_mask`` without tool responses (``tool_mask``), with
+        the rows of truncated completions zeroed under ``mask_truncated`` (TRL's ``mask_truncated_completions``) and
+        those of filler groups (``in_loss`` False). The forwards still read the completions in full; only the loss,
+        its token count and its metrics leave them out."""
         keep = self.in_loss & ~(self.truncated & self.mask_truncated)
-        return self.completion_mask * keep[:, None].astype(np.int32)
+        model = self.completion_mask if self.tool_mask is None else self.completion_mask * (1 - self.tool_mask)
+        return model * keep[:, None].astype(np.int32)
 
     @property
     def prompt_lengths(self) -> np.ndarray:
@@ -57,7 +61,8 @@ class RolloutBatch:
                             self.completion_mask[completions], self.truncated[completions], self.mask_truncated,
                             None if self.sampling_logp is None else self.sampling_logp[completions],
                             self.in_loss[completions],
-                            None if self.vision is None else self.vision.rows(prompts))
+                            None if self.vision is None else self.vision.rows(prompts),
+                            None if self.tool_mask is None else self.tool_mask[completions])
 
     @property
     def completion_starts(self) -> np.ndarray:

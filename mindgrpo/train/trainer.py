@@ -58,6 +58,7 @@ from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import preflight
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
+from mindgrpo.tools import ToolRunner, ToolTurns
 
 
 SHARD_STAGING = ".shards-step_"  # per-rank optimizer files wait here until rank 0 commits the checkpoint
@@ -97,6 +98,11 @@ class GRPOTrainer:
         if self.dist.is_main:  # a second run on the same output folder stops here (mindgrpo/train/run_lock.py)
             lock_output_dir(rl.output_dir)
         self.tokenizer, self.dataset, self.scorer = inputs.tokenizer, inputs.dataset, inputs.scorer
+        # Multi-turn rollouts: the tools answer the turns that call them (mindgrpo.tools); None: one turn.
+        self.tool_turns: Optional[ToolTurns] = None
+        if inputs.tools:
+            self.tool_turns = ToolTurns(self.tokenizer, ToolRunner(inputs.tools, rl.tool_parallel, rl.tool_timeout),
+                                        rl.max_tool_turns, rl.max_tool_response_tokens)
         self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
                                   pad_token_id=self.tokenizer.pad_token_id)
         self.overlong = OverlongPenalty(config.generate_config.sampling_config.max_tokens,
@@ -187,6 +193,8 @@ class GRPOTrainer:
             gc.unfreeze()
             self.metrics.close()
             self.scorer.close()  # the verifier workers, if any (a later train_step starts them again)
+            if self.tool_turns is not None:
+                self.tool_turns.runner.close()  # the tool workers, likewise
         return last
 
     def train_step(self) -> Dict[str, float]:
@@ -304,15 +312,18 @@ class GRPOTrainer:
             images = self.worker.embed_images(_joined([batch.images for batch in batches]))
         with _timed(timings, "timing/rollout"):
             generated = self.worker.generate(prompts, seed=self._sampling_seed(round_index), images=images,
-                                             prompt_keys=self._prompt_keys(batches))
-        mask = generated.completion_mask.astype(bool)
+                                             prompt_keys=self._prompt_keys(batches), turns=self.tool_turns)
+        tool_stats = {} if self.tool_turns is None else self.tool_turns.take_stats()
+        # What the verifiers read: the model's own tokens (with tools, its turns without the tools' responses, so
+        # a number a tool printed cannot score for a completion that never states it).
+        mask = generated.model_mask.astype(bool)
         completions = self.tokenizer.batch_decode([ids[row] for ids, row in zip(generated.completion_ids, mask)])
         golds = [gold for batch in batches for gold in batch.golds]
         questions = [question for batch in batches for question in batch.questions]
         rewards = self.scorer.score(completions, _each(golds, rl.num_generations),
                                     question=_each(questions, rl.num_generations))
         overlong = self.overlong.add_to(rewards, generated.completion_mask.sum(1))
-        return Round(prompts, golds, generated, completions, rewards, overlong, images)
+        return Round(prompts, golds, generated, completions, rewards, overlong, images, tool_stats)
 
     def _sampling_seed(self, round_index: int = 0) -> int:
         """Derived from (seed, step, generation round) alone, so a resumed run samples exactly what the original
@@ -375,6 +386,8 @@ class GRPOTrainer:
         metrics["grpo/truncated_frac"] = truncated / count
         metrics["grpo/overlong_penalty/mean"] = penalty / count
         metrics["grpo/advantages/abs_mean"] = float(np.abs(advantages).mean())
+        if rollouts.tool_mask is not None:
+            metrics.update(self._tool_metrics(rollouts, generation, counted, count))
         metrics.update(update)
         metrics.update(timings)
         per_sample_prompt, per_sample_resp = sums[2] / count, sums[1] / count
@@ -388,16 +401,39 @@ class GRPOTrainer:
         metrics["epoch"] = float(self.dataset.state_dict()["epoch"])
         return {k: float(v) for k, v in metrics.items()}
 
+    def _tool_metrics(self, rollouts: RolloutBatch, generation: Generation, counted: float,
+                      completions: float) -> Dict[str, float]:
+        """Tool use, global over ranks: calls, failed calls (timeouts included), timeouts, results cut, turns past
+        max_tool_turns (counted on a generation's first step, over all its rounds, as verifier failures are),
+        model turns and tool tokens per completion of this step, and the seconds tools took."""
+        tool = rollouts.tool_mask.astype(bool)
+        responses = (tool[:, 1:] & ~tool[:, :-1]).sum() + tool[:, 0].sum()  # each tool response starts a run of 1s
+        stats = generation.tool_stats
+        keys = ("calls", "errors", "timeouts", "truncated", "over_turn_limit", "seconds")
+        sums = all_reduce_sum(np.array([counted * stats[k] for k in keys] + [float(responses), float(tool.sum())]),
+                              self.dist)
+        calls, errors, timeouts, truncated, over_limit, seconds, responses, tool_tokens = sums
+        generated = counted * completions * generation.steps * generation.rounds  # all the generation's completions
+        return {"tools/calls_per_completion": calls / max(generated, 1.0), "tools/errors": errors,
+                "tools/timeouts": timeouts, "tools/truncated": truncated, "tools/over_turn_limit": over_limit,
+                "tools/turns_per_completion": 1.0 + responses / completions,
+                "tools/response_tokens_per_completion": tool_tokens / completions,
+                "timing/tools": seconds / self.dist.world_size}
     def _log_completions(self, generation: Generation, rows: slice) -> None:
         num_generations = self.config.rl_config.num_generations
+        rollouts = generation.rollouts
         records = []
         for i in range(rows.start, rows.stop):
-            records.append({
+            record = {
                 "prompt": self.tokenizer.decode(generation.prompts[i // num_generations], skip_special_tokens=False),
                 "completion": generation.completions[i], "gold": generation.golds[i],
                 "reward": float(generation.totals[i]),
                 "rewards": {name: float(v[i]) for name, v in generation.per_verifier.items()},
-            })
+            }
+            if rollouts.tool_mask is not None:  # the whole exchange: each turn and tool response as the model read it
+                ids = rollouts.completion_ids[i][rollouts.completion_mask[i] > 0]
+                record["transcript"] = self.tokenizer.decode(ids, skip_special_tokens=False)
+            records.append(record)
         self.metrics.log_completions(self.step, records)
 
     # ------------------------------------------------------------------------------------------------------------

@@ -28,7 +28,8 @@ import numpy as np
 from mindspore import Tensor, nn
 
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SampledRows,
-                                  SamplingParams, check_request, eos_tuple, generate_in_chunks, refuse_images)
+                                  SamplingParams, TurnHandler, check_request, eos_tuple, generate_in_chunks,
+                                  refuse_images, refuse_turns)
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.rollout.backends.native import graph_mode
 from mindgrpo.rollout.sampler import process_logits, seen_tokens
@@ -124,8 +125,10 @@ class MindFormersRolloutEngine:
         return 0 if self.model is None else len(self.model.compile_cache)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+                 images: Optional[Sequence[Optional[PromptImages]]] = None,
+                 turns: Optional[TurnHandler] = None) -> RolloutResult:
         refuse_images(images, "mindformers")
+        refuse_turns(turns, "mindformers")
         prompts = check_request(prompts, params, self.max_prompt_length, self.vocab_size)
         for i, prompt in enumerate(prompts):
             if self.pad_token_id in prompt:

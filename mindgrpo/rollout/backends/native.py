@@ -61,7 +61,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 
 import mindspore as ms
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
 from mindgrpo.algorithm.registry import DECODE_IMPLS, canonical
 from mindgrpo.config import PROMPT_LENGTH_BUCKET

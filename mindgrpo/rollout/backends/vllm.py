@@ -29,7 +29,8 @@ import numpy as np
 
 from mindgrpo.ops.ascend import import_vllm
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutResult, SamplingParams,
-                                  assemble_result, check_request, eos_tuple, refuse_images)
+                                  TurnHandler, assemble_result, check_request, eos_tuple, refuse_images,
+                                  refuse_turns)
 
 
 class VllmRolloutEngine:
@@ -103,8 +104,10 @@ class VllmRolloutEngine:
                        target=self.vllm_layout, gather=self.gather)
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
-                 images: Optional[Sequence[Optional[PromptImages]]] = None) -> RolloutResult:
+                 images: Optional[Sequence[Optional[PromptImages]]] = None,
+                 turns: Optional[TurnHandler] = None) -> RolloutResult:
         refuse_images(images, "vllm")
+        refuse_turns(turns, "vllm")
         vllm = import_vllm()
         from vllm.inputs import TokensPrompt
 

@@ -1,0 +1,104 @@
+"""Tools in a training run: the data offers them, the trainer answers the turns that call them, and the step's
+metrics, completions log and loss see them; mismatches between the data's tools and the config's are refused
+before anything is built."""
+import json
+
+import numpy as np
+import pytest
+
+from mindgrpo.config import ConfigError
+from mindgrpo.data import DataError
+from mindgrpo.tools import ToolCall, responses_text, system_turn
+
+from conftest import convert_demo_rows, small_run_config
+
+
+PROMPT_LENGTH = 768  # the demo tokenizer (trained on GSM8K) spends about 620 tokens on Qwen2.5's tool system turn
+
+
+@pytest.fixture(scope="module")
+def tool_model(tmp_path_factory, demo_plain):
+    """The demo model with room for the tool system turn (RoPE: only the config's position limit changes)."""
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tool_model") / "model"
+    shutil.copytree(demo_plain.model_dir, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 2048
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tool_prompts(tmp_path_factory, demo_plain):
+    """8 demo prompts converted with --tools calculator."""
+    return convert_demo_rows(tmp_path_factory.mktemp("tool_prompts"), demo_plain, 8, max_prompt_length=PROMPT_LENGTH,
+                             tools=["calculator"])
+
+
+def config_for(out, dataset, model, **rl):
+    return small_run_config(out, dataset, model, max_prompt_length=PROMPT_LENGTH, seq_length=PROMPT_LENGTH + 128,
+                            max_tokens=128, verifiers=["accuracy"], mode="pynative", max_steps=2,
+                            save_ckpt_interval=0, **rl)
+
+
+def test_a_run_with_tools_answers_calls_and_trains_on_the_models_tokens(tmp_path, tool_prompts, tool_model,
+                                                                         demo_plain, monkeypatch):
+    """Every model turn is read as a calculator call (the random demo model writes none), so each completion's
+    first turns are answered by the real tool workers, through the rollout engine, until max_tool_turns."""
+    from mindgrpo.data import PromptDataset
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.tools import turns
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    monkeypatch.setattr(turns, "parse_calls", lambda text: [ToolCall("calculator", {"expression": "127 * 46"})])
+    tokenizer = load_tokenizer(demo_plain.model_dir)
+    dataset = PromptDataset(tool_prompts)
+    prompt = tokenizer.decode(dataset[0].prompt_ids, skip_special_tokens=False)
+    from mindgrpo.tools import resolve_tools
+    assert prompt.startswith(system_turn([resolve_tools(["calculator"])[0].signature]))
+    config = config_for(tmp_path / "run", tool_prompts, tool_model, tools=["calculator"], max_tool_turns=2)
+    trainer = GRPOTrainer(config)
+    metrics = trainer.train()
+    rollouts = trainer.last_rollouts
+    answer = tokenizer.encode(responses_text(["5842"]))
+    tool = rollouts.tool_mask.astype(bool)
+    assert tool.any() and not (tool & (rollouts.completion_mask == 0)).any()
+    for ids, row_tool in zip(rollouts.completion_ids, tool):
+        starts = np.flatnonzero(row_tool & ~np.concatenate([[False], row_tool[:-1]]))
+        for start in starts:  # each response is the template's answer, whole (a cut one ends at the limit)
+            piece = ids[start:start + len(answer)].tolist()
+            assert piece == answer[:len(piece)]
+        assert len(starts) <= 2
+    np.testing.assert_array_equal(rollouts.loss_mask, rollouts.completion_mask * ~tool)
+    assert metrics["tools/calls_per_completion"] > 0 and metrics["tools/errors"] == 0
+    assert metrics["tools/turns_per_completion"] > 1 and metrics["tools/response_tokens_per_completion"] > 0
+    assert metrics["timing/tools"] > 0 and np.isfinite(metrics["actor/loss"])
+    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    assert any("<tool_response>\n5842\n</tool_response>" in r["transcript"] for r in records)
+    assert all("<tool_response>" not in r["completion"] for r in records)  # the verifiers read the model's text
+
+
+def test_the_datas_tools_and_the_configs_must_agree(tmp_path, tool_prompts, demo_prompts, tool_model):
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    with pytest.raises(DataError, match=r"converted with --tools calculator, but rl_config.tools = \[\]"):
+        GRPOTrainer(config_for(tmp_path / "a", tool_prompts, tool_model))
+    with pytest.raises(DataError, match=r"converted with no --tools, but rl_config.tools = \['calculator'\]"):
+        GRPOTrainer(config_for(tmp_path / "b", demo_prompts, tool_model, tools=["calculator"]))
+    with pytest.raises(ConfigError, match="rl_config.tools: unknown tool 'calculater'"):
+        GRPOTrainer(config_for(tmp_path / "c", tool_prompts, tool_model, tools=["calculater"]))
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()  # refused before anything was written
+
+
+def test_data_cli_refuses_tools_a_template_cannot_offer(tmp_path, demo_plain):
+    from mindgrpo.apps.data_cli import main
+
+    rows = demo_plain.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:2]
+    (tmp_path / "train.jsonl").write_text("".join(rows), encoding="utf-8")
+    common = ["--tokenizer_dir", str(demo_plain.model_dir), "--file_path", str(tmp_path / "train.jsonl"),
+              "--dataset_type", "gsm8k", "--no_progress"]
+    assert main(common + ["--output_path", str(tmp_path / "a.mindrecord"), "--prompt_template", "raw",
+                          "--tools", "calculator"]) == 1
+    assert main(common + ["--output_path", str(tmp_path / "b.mindrecord"), "--tools", "calculater"]) == 1
+    assert not list(tmp_path.glob("*.mindrecord"))
