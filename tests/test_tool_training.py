@@ -102,3 +102,18 @@ def test_data_cli_refuses_tools_a_template_cannot_offer(tmp_path, demo_plain):
                           "--tools", "calculator"]) == 1
     assert main(common + ["--output_path", str(tmp_path / "b.mindrecord"), "--tools", "calculater"]) == 1
     assert not list(tmp_path.glob("*.mindrecord"))
+
+
+def test_eval_with_tools_offers_them_and_answers_the_calls(tmp_path, tool_model, demo_plain, monkeypatch):
+    """``mindgrpo eval --tools calculator``: the prompts offer the tool, the rollouts answer its calls (every turn
+    read as a call here: the random demo model writes none) and the summary counts them."""
+    from mindgrpo.apps.evaluation import evaluate
+    from mindgrpo.tools import turns
+
+    monkeypatch.setattr(turns, "parse_calls", lambda text: [ToolCall("calculator", {"expression": "127 * 46"})])
+    common = dict(limit=4, max_new_tokens=128, batch_size=16, samples=4, progress=False)  # greedy rarely stops
+    result = evaluate(tool_model, demo_plain.test_jsonl, tools=["calculator"], max_tool_turns=1, **common)
+    assert result.summary["tools"] == ["calculator"] and result.summary["tool_calls"] > 0
+    assert result.summary["tool_errors"] == 0
+    assert all("<tool_response>" not in r["completion"] for r in result.records)  # scored on the model's turns
+    assert "tools" not in evaluate(tool_model, demo_plain.test_jsonl, tools=[], **common).summary

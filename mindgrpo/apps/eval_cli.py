@@ -46,6 +46,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
                         help="compute dtype (float32 on CPU)")
+    parser.add_argument("--tools", nargs="*", metavar="TOOL",
+                        help="tools the prompts offer and the rollouts answer (calculator, python, "
+                             "package.module:function); default: the run's rl_config.tools; --tools alone: none")
+    parser.add_argument("--max-tool-turns", type=int, default=4, help="tool-calling turns per completion")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     return parser.parse_intermixed_args(argv)  # MODEL and DATA may stand before, between or after the options
 
@@ -57,7 +61,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo e
         result = evaluate(args.model, args.data, output=output, tokenizer=args.tokenizer, template=args.template,
                           limit=args.limit, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           samples=args.samples, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-                          compute_dtype=args.dtype, progress=not args.no_progress, base=args.base)
+                          compute_dtype=args.dtype, progress=not args.no_progress, base=args.base,
+                          tools=args.tools, max_tool_turns=args.max_tool_turns)
     except ValueError as err:  # EvaluationError, DataError, TokenizerError, bad sampling settings: all name the fix
         print(f"error: {err}", file=sys.stderr)
         return 2

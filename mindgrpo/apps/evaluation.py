@@ -34,6 +34,7 @@ import numpy as np
 from mindgrpo._io import atomic_open
 from mindgrpo.train.checkpoint import MANIFEST, CheckpointError, CheckpointManager, save_json
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render_prompt
+from mindgrpo.data.templates import render_tool_prompt
 from mindgrpo.rewards.answers import extract_answer, extract_answer_text, normalize_math_answer
 from mindgrpo.rewards.verifiers import accuracy_reward
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
@@ -69,6 +70,8 @@ class ResolvedModel:
     """Why the template is unknown (empty when it is known or the folder is a plain Hugging Face model)."""
     adapter_dir: Optional[Path] = None
     """A LoRA adapter folder (PEFT's format) applied on ``weights_dir``, the base: a LoRA run's checkpoint."""
+    tools: Tuple[str, ...] = ()
+    """The run's ``rl_config.tools`` (empty: it trained without tools, or the folder is not a run's)."""
 
 
 def _has_tokenizer(folder: Path) -> bool:
@@ -192,7 +195,8 @@ def resolve_model(path: PathLike, tokenizer: Optional[PathLike] = None, base: Op
         raise EvaluationError(f"{path} has no tokenizer (tokenizer.json or vocab.json + merges.txt); pass "
                               "--tokenizer with the base model folder (tokenizer=... from Python)")
     fallback = bool(config.reward_config.fallback_last_number) if config is not None else False
-    return ResolvedModel(path, tokenizer_dir, template, fallback, step, note, adapter_dir)
+    tools = tuple(config.rl_config.tools) if config is not None else ()
+    return ResolvedModel(path, tokenizer_dir, template, fallback, step, note, adapter_dir, tools)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -329,10 +333,11 @@ def summarize(records: Sequence[Dict[str, Any]], k: int = 0) -> Dict[str, Any]:
 
 
 def generate_completions(engine: Any, tokenizer: Any, prompt_ids: Sequence[Sequence[int]], params: Any, *,
-                         batch_size: int, progress: bool = True, desc: str = "generating"
+                         batch_size: int, progress: bool = True, desc: str = "generating", turns: Any = None
                          ) -> Tuple[List[List[str]], List[List[str]], int]:
     """``params.num_generations`` completions of every prompt: (texts per prompt, finish reasons per prompt, tokens
-    generated).
+    generated). With ``turns`` (tools: :class:`mindgrpo.tools.ToolTurns`) the rollouts are multi-turn and a text is
+    the model's own turns, as training's verifiers read them.
 
     Prompts go to the engine shortest first, ``batch_size // n`` at a time (at least one): neighbours in length share
     the engine's shape buckets, so each bucket compiles once instead of being rebuilt as lengths alternate. Results
@@ -352,9 +357,9 @@ def generate_completions(engine: Any, tokenizer: Any, prompt_ids: Sequence[Seque
             chunk = order[start:start + per_call]
             seed = None if params.seed is None else int(
                 np.random.SeedSequence([params.seed, chunk[0]]).generate_state(1)[0])
-            result = engine.generate([prompt_ids[i] for i in chunk], replace(params, seed=seed))
+            result = engine.generate([prompt_ids[i] for i in chunk], replace(params, seed=seed), None, turns)
             decoded = tokenizer.batch_decode(
-                [ids[mask.astype(bool)] for ids, mask in zip(result.completion_ids, result.completion_mask)])
+                [ids[mask.astype(bool)] for ids, mask in zip(result.completion_ids, result.model_mask)])
             tokens += result.num_tokens
             for row, text in enumerate(decoded):
                 i = chunk[row // params.num_generations]  # rows are prompt-major
@@ -379,21 +384,23 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
              tokenizer: Optional[PathLike] = None, template: Optional[str] = None, limit: Optional[int] = None,
              max_new_tokens: int = 512, batch_size: int = 32, samples: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, seed: int = 0, compute_dtype: str = "float32", progress: bool = True,
-             log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None) -> EvalResult:
+             log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None,
+             tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4) -> EvalResult:
     """Evaluate `model` (see :func:`resolve_model`) on the problems of `data`.
 
     Greedy decoding gives pass@1; with ``samples = k > 0``, ``k`` more completions per problem at `temperature`
     (and `top_p`) give maj@k, pass@k and the mean single-sample accuracy. `template` defaults to the run's training
     template, else ``gsm8k_hash``. `batch_size` is the number of sequences decoded together. With `output`, the
     records and the summary are written there (see :func:`write_results`). `log` receives progress lines (default:
-    stderr when `progress`).
+    stderr when `progress`). `tools` (``rl_config.tools``' names; default: the run's) makes every prompt offer them
+    and the rollouts answer their calls, up to `max_tool_turns` per completion; ``[]`` evaluates without.
     """
     from mindgrpo.rollout import SamplingParams
 
     say = log or ((lambda line: print(line, file=sys.stderr, flush=True)) if progress else (lambda line: None))
-    if max_new_tokens < 1 or batch_size < 1 or samples < 0:
-        raise EvaluationError(f"need --max-new-tokens >= 1, --batch-size >= 1 and --samples >= 0; got "
-                              f"{max_new_tokens}, {batch_size}, {samples}")
+    if max_new_tokens < 1 or batch_size < 1 or samples < 0 or max_tool_turns < 1:
+        raise EvaluationError(f"need --max-new-tokens >= 1, --batch-size >= 1, --samples >= 0 and --max-tool-turns "
+                              f">= 1; got {max_new_tokens}, {batch_size}, {samples}, {max_tool_turns}")
     if template is not None and template not in PROMPT_TEMPLATES:
         raise EvaluationError(f"unknown --template {template!r}; choose one of {', '.join(PROMPT_TEMPLATES)}")
     greedy_params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, seed=seed)
@@ -414,19 +421,30 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     from mindgrpo.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolved.tokenizer_dir)
-    prompt_ids = tok.encode_batch([render_prompt(template, p.question) for p in problems])
-    engine = _build_engine(resolved.weights_dir, tok, max(map(len, prompt_ids)), batch_size, compute_dtype,
-                           resolved.adapter_dir)
-
-    start = time.perf_counter()
-    greedy, reasons, tokens = generate_completions(engine, tok, prompt_ids, greedy_params, batch_size=batch_size,
-                                                   progress=progress, desc="greedy")
-    sampled = None
-    if sample_params is not None:
-        sampled, _, more = generate_completions(engine, tok, prompt_ids, sample_params, batch_size=batch_size,
-                                                progress=progress, desc=f"maj@{samples} sampling")
-        tokens += more
-    seconds = time.perf_counter() - start
+    tools = list(resolved.tools if tools is None else tools)
+    turns = _tool_turns(tools, tok, max_tool_turns) if tools else None
+    try:
+        if turns is None:
+            prompt_ids = tok.encode_batch([render_prompt(template, p.question) for p in problems])
+        else:
+            signatures = [tool.signature for tool in turns.runner.tools.values()]
+            prompt_ids = tok.encode_batch([render_tool_prompt(template, p.question, signatures) for p in problems])
+            say(f"[eval] tools: {', '.join(tools)} (up to {max_tool_turns} tool turns per completion)")
+        engine = _build_engine(resolved.weights_dir, tok, max(map(len, prompt_ids)), batch_size, compute_dtype,
+                               resolved.adapter_dir)
+        start = time.perf_counter()
+        greedy, reasons, tokens = generate_completions(engine, tok, prompt_ids, greedy_params, batch_size=batch_size,
+                                                       progress=progress, desc="greedy", turns=turns)
+        sampled = None
+        if sample_params is not None:
+            sampled, _, more = generate_completions(engine, tok, prompt_ids, sample_params, batch_size=batch_size,
+                                                    progress=progress, desc=f"maj@{samples} sampling", turns=turns)
+            tokens += more
+        seconds = time.perf_counter() - start
+        tool_stats = {} if turns is None else turns.take_stats()
+    finally:
+        if turns is not None:
+            turns.runner.close()
 
     records, scores = score_problems(problems, [t[0] for t in greedy], sampled,
                                      fallback_last_number=resolved.fallback_last_number,
@@ -435,11 +453,24 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
                **({"adapter": str(resolved.adapter_dir.resolve())} if resolved.adapter_dir is not None else {}),
                "step": resolved.step, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
                **({"temperature": temperature, "top_p": top_p} if samples else {}), **scores,
-               "generated_tokens": tokens, "seconds": round(seconds, 2)}
+               "generated_tokens": tokens, "seconds": round(seconds, 2),
+               **({"tools": tools, "tool_calls": int(tool_stats["calls"]), "tool_errors": int(tool_stats["errors"])}
+                  if tools else {})}
     result = EvalResult(records, summary)
     if output is not None:
         write_results(result, output)
     return result
+
+
+def _tool_turns(tools: Sequence[str], tok: Any, max_tool_turns: int) -> Any:
+    """The rollouts' tool handler for ``tools`` (an EvaluationError naming --tools when one cannot be used)."""
+    from mindgrpo.tools import ToolRunner, ToolSpecError, ToolTurns, resolve_tools
+
+    try:
+        resolved = resolve_tools(tools)
+    except ToolSpecError as err:
+        raise EvaluationError(f"--tools: {err}") from None
+    return ToolTurns(tok, ToolRunner(resolved, processes=2, timeout=30.0), max_tool_turns, max_response_tokens=256)
 
 
 def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: int, compute_dtype: str,
