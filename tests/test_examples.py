@@ -9,7 +9,8 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "grpo"
 QWEN2_5_7B = dict(num_heads=28, num_kv_heads=4, num_layers=28, vocab_size=152064, intermediate_size=18944)
 
 
-@pytest.mark.parametrize("name", ["grpo_demo.yaml", "dapo_demo.yaml", "grpo_qwen2_5_7b.yaml"])
+@pytest.mark.parametrize("name", ["grpo_demo.yaml", "dapo_demo.yaml", "grpo_qwen2_5_7b.yaml",
+                                  "grpo_qwen2_5_7b_tools.yaml"])
 def test_example_configs_validate(name):
     config = validate(load_config(EXAMPLES / name), check_paths=False)
     assert config.rl_config.output_dir.startswith(str(EXAMPLES.parents[1]))  # resolved against the yaml folder
@@ -25,6 +26,24 @@ def test_7b_layout_fits_eight_npus():
                               key=f"{key}.parallel_config", **QWEN2_5_7B)
     assert config.actor_config.parallel_config.model_parallel == 4 and config.rl_config.share_prompt
     assert config.generate_config.backend == "native" and config.actor_config.compute_dtype == "bfloat16"
+
+
+def test_qwen2_5_7b_tools_recipe_is_retool_style_and_fits_eight_npus():
+    """The tool recipe (ReTool-style python tool on DAPO-Math-17k): valid, the 7B layout on 8 NPUs, the python tool
+    with room for several turns in the budget, DAPO's loss without KL, and the tools' resolution in preflight."""
+    from mindgrpo.config import check_micro_batches
+    from mindgrpo.train.preflight import run_tools
+
+    config = validate(load_config(EXAMPLES / "grpo_qwen2_5_7b_tools.yaml"), check_paths=False)
+    check_micro_batches(config)
+    for key in ("actor_config", "ref_config", "generate_config"):
+        check_parallel_layout(getattr(config, key).parallel_config, world_size=8, device_target="Ascend",
+                              key=f"{key}.parallel_config", **QWEN2_5_7B)
+    rl, sampling = config.rl_config, config.generate_config.sampling_config
+    assert [tool.name for tool in run_tools(config)] == ["python"] and config.generate_config.backend == "native"
+    assert rl.max_tool_turns * rl.max_tool_response_tokens <= sampling.max_tokens
+    assert rl.max_prompt_length + sampling.max_tokens <= rl.seq_length
+    assert (rl.loss_type, rl.beta, rl.epsilon_high) == ("dapo", 0.0, 0.28)
 
 
 def test_qwen2_5_vl_7b_geo3k_recipe_validates_and_fits_eight_npus():

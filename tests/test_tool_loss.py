@@ -54,8 +54,8 @@ def vjp_through_the_actor(pol, rollouts, cotangent: np.ndarray):
     return [g.asnumpy() for g in grads]
 
 
-@pytest.mark.parametrize("budget", [0, 4 * W], ids=["padded", "packed"])
-def test_the_update_trains_on_the_models_tokens_only(tmp_path, budget):
+def test_the_update_trains_on_the_models_tokens_only(tmp_path):
+    """Padded and packed micro-batches (one model, one reference: the reference does not depend on the path)."""
     previous = ms.get_context("mode")
     ms.set_context(mode=ms.PYNATIVE_MODE)
     try:
@@ -65,27 +65,32 @@ def test_the_update_trains_on_the_models_tokens_only(tmp_path, budget):
         rng = np.random.default_rng(3)
         advantages = rng.standard_normal(B * NUM_GENERATIONS).astype(np.float32)
         drift = (rng.normal(0, 0.3, plain.completion_mask.shape) * plain.completion_mask).astype(np.float32)
-        grads = []
-        # two passes per rollout (so the old log-probs given are used: ratio and clip live), no clipping (the
-        # captured gradients are then the loss's own)
-        pol = capture_instead_of_applying(worker(model_dir, "grpo", budget, max_grad_norm=0.0), grads)
-        # the reference is the actor's initial weights: moved off them, so the KL term is live too
-        ref = pol.reference_logprobs(rollouts) + 0.2 * rng.standard_normal(drift.shape).astype(np.float32)
-        logp = pol.actor_logprobs(rollouts)
-        old = logp + drift  # an off-policy ratio: the clip and KL terms are live
-        metrics = pol.update(rollouts, advantages, old, ref, total_steps=1)
-        pol.update(plain, advantages, old, ref, total_steps=1)  # the same rollouts, every token in the loss
-        ours, everything = grads[0], grads[2]  # each update's first pass (the weights never move)
-        model_mask = rollouts.completion_mask * (1 - rollouts.tool_mask)
-        loss, dlogp, _ = torch_reference(logp, old, ref, advantages, model_mask, loss_type="grpo", beta=0.04,
-                                         epsilon_low=0.2, epsilon_high=0.2, use_bias_correction_kl=False)
-        expected = vjp_through_the_actor(pol, rollouts, dlogp)
+        noise = 0.2 * rng.standard_normal(drift.shape).astype(np.float32)
+        results, expected = {}, None
+        for name, budget in (("padded", 0), ("packed", 4 * W)):
+            grads = []
+            # two passes per rollout (so the old log-probs given are used: ratio and clip live), no clipping (the
+            # captured gradients are then the loss's own)
+            pol = capture_instead_of_applying(worker(model_dir, "grpo", budget, max_grad_norm=0.0), grads)
+            # the reference is the actor's initial weights: moved off them, so the KL term is live too
+            ref = pol.reference_logprobs(rollouts) + noise
+            logp = pol.actor_logprobs(rollouts)
+            old = logp + drift  # an off-policy ratio: the clip and KL terms are live
+            metrics = pol.update(rollouts, advantages, old, ref, total_steps=1)
+            pol.update(plain, advantages, old, ref, total_steps=1)  # the same rollouts, every token in the loss
+            results[name] = (metrics, grads[0], grads[2])  # each update's first pass (the weights never move)
+            if expected is None:
+                model_mask = rollouts.completion_mask * (1 - rollouts.tool_mask)
+                loss, dlogp, _ = torch_reference(logp, old, ref, advantages, model_mask, loss_type="grpo", beta=0.04,
+                                                 epsilon_low=0.2, epsilon_high=0.2, use_bias_correction_kl=False)
+                expected = vjp_through_the_actor(pol, rollouts, dlogp)
     finally:
         ms.set_context(mode=previous)
-    assert metrics["actor/loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7)
-    differs = 0
-    for grad, want, unmasked in zip(ours, expected, everything):
-        scale = np.abs(want).max()
-        assert scale > 0 and np.abs(grad - want).max() <= 2e-5 * scale
-        differs += np.abs(unmasked - want).max() > 1e-2 * scale
-    assert differs > len(expected) // 2  # the tool tokens would have moved the gradients had they been in the loss
+    for name, (metrics, ours, everything) in results.items():
+        assert metrics["actor/loss"] == pytest.approx(loss, rel=1e-5, abs=1e-7), name
+        differs = 0
+        for grad, want, unmasked in zip(ours, expected, everything):
+            scale = np.abs(want).max()
+            assert scale > 0 and np.abs(grad - want).max() <= 2e-5 * scale, name
+            differs += np.abs(unmasked - want).max() > 1e-2 * scale
+        assert differs > len(expected) // 2  # the tool tokens would have moved the gradients had they been in the loss

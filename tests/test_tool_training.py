@@ -10,7 +10,7 @@ from mindgrpo.config import ConfigError
 from mindgrpo.data import DataError
 from mindgrpo.tools import ToolCall, responses_text, system_turn
 
-from conftest import convert_demo_rows, small_run_config
+from conftest import convert_demo_rows, msrun_group, small_run_config
 
 
 PROMPT_LENGTH = 768  # the demo tokenizer (trained on GSM8K) spends about 620 tokens on Qwen2.5's tool system turn
@@ -117,3 +117,21 @@ def test_eval_with_tools_offers_them_and_answers_the_calls(tmp_path, tool_model,
     assert result.summary["tool_errors"] == 0
     assert all("<tool_response>" not in r["completion"] for r in result.records)  # scored on the model's turns
     assert "tools" not in evaluate(tool_model, demo_plain.test_jsonl, tools=[], **common).summary
+
+
+@msrun_group
+def test_a_tensor_parallel_group_reads_its_first_ranks_tool_answers(tmp_path, tiny_model_dir):
+    """Under tensor parallelism the ranks of a group decode the same rows: the group's first rank runs the tools and
+    every rank reads its answers (a tool that answers with its worker's process id gives two ranks different
+    texts otherwise); the other ranks start no tool worker."""
+    from msrun_jobs import TESTS, msrun
+
+    logs = msrun([TESTS / "tool_group_job.py", tiny_model_dir], tmp_path / "logs", workers=2, timeout=300)
+    runs = {r["rank"]: r for r in (json.loads(line.split("ANSWERS ", 1)[1]) for line in logs.splitlines()
+                                   if "ANSWERS " in line)}
+    assert sorted(runs) == [0, 1]
+    assert runs[0]["answers"] == runs[1]["answers"]
+    none, answered, over_limit = runs[0]["answers"]
+    assert none is None and answered is not None and over_limit is None
+    assert runs[0]["workers"] == 1 and runs[1]["workers"] == 0
+    assert runs[0]["stats"]["calls"] == 1 and runs[1]["stats"]["calls"] == 0

@@ -6,8 +6,9 @@ x)``, read straight from the actor's Parameters, so the rollout needs no sync an
 each update, ``W + s B A`` is written into a buffer in the backbone's dtype and the engine decodes a plain model, so
 each adapted product is one matmul again.
 
-The cost of the merged variant is measured here, not guessed. Its decode runs an engine on a model without adapters
-whose targeted weights hold ``W + s B A``: the graphs the merged variant would run. Its sync is the merge itself
+The cost of the merged variant is measured here, not guessed. Its decode runs an engine over the weights alone, without
+the adapters' products, whose targeted weights hold ``W + s B A``: the graphs the merged variant would run (with the
+actor's embedding and head tables, which a frozen bf16 LoRA backbone keeps in float32 on CPU). Its sync is the merge itself
 (per targeted weight, ``B @ A`` in float32, added to ``W``, cast to the backbone's dtype and written into the
 buffer), timed with MindSpore ops. Its memory is the buffer: every targeted weight once more in the backbone's dtype
 (the actor keeps ``W``, which the reference policy and the training forward read). Its accuracy is the gap between
@@ -79,6 +80,7 @@ def child(args) -> dict:
     from mindgrpo.models.lora import LoraSpec
     from mindgrpo.rollout.api import SamplingParams
     from mindgrpo.rollout.backends.native import NativeRolloutEngine
+    from mindgrpo.rollout.backends.native_graphs import Qwen2Weights
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     folder = model_folder(args.size)
@@ -89,7 +91,10 @@ def child(args) -> dict:
     for cell in targeted_cells(actor):
         cell.lora_b.set_data(Tensor(rng.normal(0.0, args.b_std, cell.lora_b.shape).astype(np.float32)))
     rss_before_buffer = peak_rss_mib()
-    merged = build_model(folder, role="inference", compute_dtype="float32", param_dtype=args.dtype)
+    # The merged model is built as a LoRA model too, so its embedding and head tables are what the actor's are (a
+    # frozen bf16 LoRA backbone keeps them float32 on CPU); its engine reads it without adapters (below).
+    merged = build_model(folder, role="inference", compute_dtype="float32", param_dtype=args.dtype,
+                         lora=LoraSpec(RANK, ALPHA))
     pairs = list(zip(targeted_cells(actor), targeted_cells(merged)))
     scale = actor.lora.scale
 
@@ -104,6 +109,9 @@ def child(args) -> dict:
     kwargs = dict(eos_token_id=eos, pad_token_id=pad, max_prompt_length=args.prompt_length,
                   max_batch_size=args.prompts * args.generations)
     engines = {"unmerged": NativeRolloutEngine(actor, **kwargs), "merged": NativeRolloutEngine(merged, **kwargs)}
+    # the merged variant's graphs: the backbone's products alone, over W + s B A (buckets are built on first use)
+    engines["merged"].weights = Qwen2Weights(merged, adapters=False)
+    engines["merged"].spec = engines["merged"].weights.spec
     prompts = rng.integers(0, min(4000, hf["vocab_size"]), (args.prompts, args.prompt_length)).tolist()
     params = SamplingParams(max_tokens=args.new_tokens, min_tokens=args.new_tokens, temperature=1.0,
                             num_generations=args.generations, seed=0)

@@ -184,9 +184,7 @@ def _generation_problems(config: GRPOConfig) -> List[str]:
 
 
 def _tool_problems(config: GRPOConfig) -> List[str]:
-    """Multi-turn tool rollouts run in the native engine, on one tensor-parallel rank per group for now: every rank of
-    a group would run the tools itself, and a tool whose output differs between runs (time, randomness) would make
-    the ranks' rollouts differ."""
+    """Multi-turn tool rollouts run in the native engine."""
     rl = config.rl_config
     problems = [f"rl_config.{key} = {getattr(rl, key)}: must be at least 1"
                 for key in ("max_tool_turns", "max_tool_response_tokens", "tool_parallel") if getattr(rl, key) < 1]
@@ -197,11 +195,6 @@ def _tool_problems(config: GRPOConfig) -> List[str]:
     if config.generate_config.backend != "native":
         problems.append(f"rl_config.tools = {rl.tools} needs generate_config.backend: native (the engine that "
                         f"pauses a row for its tool calls); it is {config.generate_config.backend}")
-    model_parallel = config.actor_config.parallel_config.model_parallel
-    if model_parallel > 1:
-        problems.append(f"rl_config.tools with actor_config.parallel_config.model_parallel = {model_parallel}: "
-                        "tool rollouts do not yet share one rank's tool results with its tensor-parallel group; use "
-                        "model_parallel: 1 (data parallelism works)")
     return problems
 
 

@@ -102,7 +102,7 @@ class GRPOTrainer:
         self.tool_turns: Optional[ToolTurns] = None
         if inputs.tools:
             self.tool_turns = ToolTurns(self.tokenizer, ToolRunner(inputs.tools, rl.tool_parallel, rl.tool_timeout),
-                                        rl.max_tool_turns, rl.max_tool_response_tokens)
+                                        rl.max_tool_turns, rl.max_tool_response_tokens, self.dist)
         self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
                                   pad_token_id=self.tokenizer.pad_token_id)
         self.overlong = OverlongPenalty(config.generate_config.sampling_config.max_tokens,
