@@ -148,7 +148,7 @@ class FakeEngine:
     def __init__(self):
         self.calls = []
 
-    def generate(self, prompts, params):
+    def generate(self, prompts, params, images=None, turns=None):
         self.calls.append(([list(p) for p in prompts], params))
         rows = [[len(p), j, params.seed % 100] for p in prompts for j in range(params.num_generations)]
         ids = np.zeros((len(rows), params.max_tokens), np.int32)
