@@ -8,6 +8,8 @@ Commands:
   eval          GSM8K accuracy of a model or run folder: greedy pass@1 and sampled maj@k (as tools/eval_gsm8k.py)
   merge         a LoRA run's adapter folder merged into its base as a plain Hugging Face folder
   plot          training curves of one or more runs as PNGs (as tools/plot_metrics.py)
+  samples       a run's completions that match filters (step, reward, verifier, length, --grep), printed or as
+                one HTML page: finding the "aha moment"
   doctor        check Python, MindSpore/MindFormers, the device, the fused op, msrun, the master port, folders,
                 and with --config every path and the parallel layout
   plan          per-rank memory of each data x model parallel layout for a config, and the one that fits
@@ -30,6 +32,7 @@ COMMANDS = {
     "eval": "mindgrpo.apps.eval_cli:main",
     "merge": "mindgrpo.apps.merge_cli:main",
     "plot": "mindgrpo.apps.plot_cli:main",
+    "samples": "mindgrpo.apps.samples_cli:main",
     "doctor": "mindgrpo.apps.doctor:main",
     "plan": "mindgrpo.apps.plan:main",
     "config-help": "mindgrpo.cli:config_help",
