@@ -9,8 +9,8 @@ the text demo's pieces (:mod:`mindgrpo.apps.demo`: tokenizer recipe, weight init
 - `warm_start`: a short supervised fine-tuning of the language model (the tower frozen) to about half the answers
   right, so GRPO starts with reward signal and room to improve.
 
-`demo_config` is the GRPO run on it: the trainer, verifier (`accuracy_reward` on the `\boxed{}` answer) and
-checkpoints are the library's, the tower frozen as in the geo3k recipe.
+`demo_config` is the GRPO run on it (`examples/grpo_vl/grpo_vl_demo.yaml`): the trainer, verifier (`accuracy_reward`
+on the `\boxed{}` answer) and checkpoints are the library's, the tower frozen as in the geo3k recipe.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from mindgrpo.apps.demo_vl.warm_start import warm_start
 
 PROMPT_TEMPLATE = "chatml"
 MAX_PROMPT_LENGTH = 96
-MAX_TOKENS = 8  # "\boxed{3}" and <|im_end|>, with room to wander
 DEFAULT_WARM_START_STEPS = 300  # an upper bound: the warm start stops at warm_start.TARGET_MATCH
 
 
@@ -67,24 +66,15 @@ def make_vl_demo(out_dir: Union[str, Path], *, seed: int = 0,
     return VLDemo(root, model_dir, dataset_file, facts)
 
 
-def demo_config(demo: VLDemo, output_dir: Union[str, Path], *, steps: int, seed: int = 0):
-    """The GRPO run on the demo: 8 pictures x 8 samples per step, `steps` steps, in GRAPH mode."""
-    from mindgrpo.config import GRPOConfig
+# The demo's GRPO run, beside examples/grpo_vl/main.py in the source checkout.
+DEMO_CONFIG = Path(__file__).resolve().parents[3] / "examples" / "grpo_vl" / "grpo_vl_demo.yaml"
 
-    cfg = GRPOConfig()
-    rl = cfg.rl_config
-    rl.dataset_file, rl.output_dir, rl.seed, rl.mode = str(demo.dataset_file), str(output_dir), seed, "graph"
-    rl.batch_size, rl.num_generations, rl.max_steps = 8, 8, steps
-    rl.max_prompt_length, rl.seq_length = MAX_PROMPT_LENGTH, MAX_PROMPT_LENGTH + MAX_TOKENS
-    rl.beta = 0.0
-    rl.save_ckpt_interval, rl.save_max_ckpt_num = steps, 1
-    cfg.actor_config.load = str(demo.model_dir)
-    cfg.actor_config.micro_batch_size = 16
-    cfg.actor_config.lr_schedule.learning_rate = 1e-3
-    cfg.actor_config.lr_schedule.warmup_steps = 0
-    cfg.generate_config.infer_model_batch_size = 64
-    cfg.generate_config.sampling_config.max_tokens = MAX_TOKENS
-    cfg.generate_config.sampling_config.temperature = 1.0
-    cfg.reward_config.verifier_function = ["accuracy_reward"]
-    cfg.reward_config.verifier_weight = [1.0]
-    return cfg
+
+def demo_config(demo: VLDemo, output_dir: Union[str, Path], *, steps: int, seed: int = 0):
+    """The GRPO run on the demo (``examples/grpo_vl/grpo_vl_demo.yaml``: 8 pictures x 8 samples per step, GRAPH
+    mode) for `steps` steps into `output_dir`."""
+    from mindgrpo.config import load_config
+
+    return load_config(DEMO_CONFIG, [f"rl_config.output_dir={Path(output_dir).resolve()}",
+                                     f"rl_config.max_steps={steps}", f"rl_config.seed={seed}"],
+                       {"actor_checkpoint_path": str(demo.model_dir), "dataset_file": str(demo.dataset_file)})
