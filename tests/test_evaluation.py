@@ -318,3 +318,54 @@ def test_import_stays_light():
             "print('mindspore' in sys.modules, mindgrpo.evaluate is mindgrpo.apps.evaluation.evaluate)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.stdout.strip() == "False True", done.stdout + done.stderr
+
+
+# ------------------------------------------------------------------------------------------------ MATH-style data
+MATH_ROWS = [{"problem": "What is $\\frac{2}{4}$ in lowest terms?", "answer": "\\frac{1}{2}", "level": "Level 1"},
+             {"problem": "Find $x$ if $x^2 = 2$ and $x > 0$.", "answer": "\\boxed{\\sqrt{2}}"},
+             {"question": "AIME-style: how many divisors has 12?", "answer": "6"}]
+
+
+def write_math_files(folder):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = folder / "math.jsonl"
+    jsonl.write_text("".join(json.dumps(r) + "\n" for r in MATH_ROWS), encoding="utf-8")
+    parquet = folder / "math.parquet"
+    pq.write_table(pa.table({"problem": [r.get("problem") or r.get("question") for r in MATH_ROWS],
+                             "answer": [r["answer"] for r in MATH_ROWS]}), parquet)
+    return jsonl, parquet
+
+
+def test_math_problems_are_read_from_jsonl_and_parquet_and_judged_with_math_verify(tmp_path):
+    """``--dataset-type math`` (MATH500, AIME): problem + answer; answers compared as training's accuracy_reward
+    compares them (math-verify), so equal values written differently count."""
+    from mindgrpo.apps.evaluation import read_problems
+
+    jsonl, parquet = write_math_files(tmp_path)
+    for path in (jsonl, parquet):
+        problems = read_problems(path, dataset_type="math")
+        assert [p.gold for p in problems] == ["\\frac{1}{2}", "\\sqrt{2}", "6"]
+        assert problems[2].question.startswith("AIME-style")
+    problems = read_problems(jsonl, dataset_type="math")
+    greedy = ["So it is \\boxed{\\dfrac{1}{2}}.", "x = \\boxed{\\sqrt 2}", "The answer is \\boxed{7}."]
+    samples = [["\\boxed{0.5}", "\\boxed{1/3}"], ["\\boxed{\\sqrt{2}}", "\\boxed{\\sqrt{2}}"], ["\\boxed{6}", "#### 6"]]
+    records, summary = score_problems(problems, greedy, samples)
+    assert [r["correct"] for r in records] == [True, True, False]
+    assert [r["pass_at_k"] for r in records] == [True, True, True] and records[1]["maj_correct"]
+    assert summary["pass@1"] == pytest.approx(2 / 3)
+    (tmp_path / "bad.jsonl").write_text('{"problem": "p", "answer": "1"}\n{"problem": "q"}\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"bad.jsonl:2.*answer"):
+        read_problems(tmp_path / "bad.jsonl", dataset_type="math")
+
+
+def test_eval_cli_runs_math_problems(tmp_path, demo_plain):
+    from mindgrpo.apps.eval_cli import main
+
+    jsonl, _ = write_math_files(tmp_path)
+    out = tmp_path / "eval.jsonl"
+    assert main([str(demo_plain.model_dir), str(jsonl), "--dataset-type", "math", "--max-new-tokens", "8",
+                 "--output", str(out), "--no-progress"]) == 0
+    summary = json.loads(summary_path(out).read_text())
+    assert summary["dataset_type"] == "math" and summary["problems"] == 3

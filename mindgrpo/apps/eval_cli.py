@@ -1,10 +1,14 @@
-"""GSM8K accuracy of a model folder: greedy pass@1 and sampled maj@k, with training's prompts and answer extraction.
+"""Accuracy of a model folder on GSM8K or MATH-style problems: greedy pass@1 and sampled maj@k / pass@k, with
+training's prompts and answer comparison.
 
 MODEL is a Hugging Face folder (config.json + safetensors + tokenizer), a mindgrpo run folder
 (rl_config.output_dir: its newest verified checkpoint is used), its checkpoints/ folder, or one step_N folder.
-DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending in "#### <number>").
+DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending in "#### <number>"), or with
+--dataset-type math MATH500/AIME-style problems ({"problem", "answer"}, jsonl or parquet; answers compared with
+math-verify, as training's accuracy_reward compares them).
 
     mindgrpo eval MODEL DATA [--limit 100] [--samples 8 --temperature 0.7] [--output eval.jsonl]
+    mindgrpo eval MODEL math500/test.jsonl --dataset-type math --template r1_zero --max-new-tokens 2048
     python tools/eval_gsm8k.py MODEL DATA ...                    # the same, with this checkout's mindgrpo
 
 Writes one JSON line per problem (question, completion(s), extracted answer, gold, correct, maj@k fields) to
@@ -21,7 +25,8 @@ from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before they load)
 from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path
-from mindgrpo.data import PROMPT_TEMPLATES
+from mindgrpo.data import PROMPT_TEMPLATES, READERS
+from mindgrpo.data.readers import IMAGE_DATASETS
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo eval") -> argparse.Namespace:
@@ -36,6 +41,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
                                        "adapter_config.json names)")
     parser.add_argument("--template", choices=sorted(PROMPT_TEMPLATES),
                         help="prompt template; default: the run's training template, else gsm8k_hash")
+    parser.add_argument("--dataset-type", default="gsm8k", choices=sorted(set(READERS) - IMAGE_DATASETS),
+                        help="the data's format: gsm8k (default), math (MATH500/AIME: problem + answer, jsonl or "
+                             "parquet), math17k, deepscaler")
     parser.add_argument("--limit", type=int, help="evaluate only the first N problems")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32, help="sequences decoded together")
@@ -62,7 +70,7 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo e
                           limit=args.limit, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           samples=args.samples, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                           compute_dtype=args.dtype, progress=not args.no_progress, base=args.base,
-                          tools=args.tools, max_tool_turns=args.max_tool_turns)
+                          tools=args.tools, max_tool_turns=args.max_tool_turns, dataset_type=args.dataset_type)
     except ValueError as err:  # EvaluationError, DataError, TokenizerError, bad sampling settings: all name the fix
         print(f"error: {err}", file=sys.stderr)
         return 2

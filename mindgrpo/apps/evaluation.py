@@ -227,7 +227,8 @@ def read_problems(path: PathLike, *, limit: Optional[int] = None, dataset_type: 
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; pass a GSM8K-format jsonl (one {{\"question\", \"answer\"}} object "
-                        "per line, the answer ending in '#### <number>')")
+                        "per line, the answer ending in '#### <number>') or, with --dataset-type math, MATH-style "
+                        "problems (problem + answer, jsonl or parquet)")
     problems: List[Problem] = []
     try:
         for row in READERS[dataset_type](path):
@@ -385,7 +386,8 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
              max_new_tokens: int = 512, batch_size: int = 32, samples: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, seed: int = 0, compute_dtype: str = "float32", progress: bool = True,
              log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None,
-             tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4) -> EvalResult:
+             tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4,
+             dataset_type: str = "gsm8k") -> EvalResult:
     """Evaluate `model` (see :func:`resolve_model`) on the problems of `data`.
 
     Greedy decoding gives pass@1; with ``samples = k > 0``, ``k`` more completions per problem at `temperature`
@@ -394,6 +396,8 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     records and the summary are written there (see :func:`write_results`). `log` receives progress lines (default:
     stderr when `progress`). `tools` (``rl_config.tools``' names; default: the run's) makes every prompt offer them
     and the rollouts answer their calls, up to `max_tool_turns` per completion; ``[]`` evaluates without.
+    `dataset_type` reads `data` with that reader of mindgrpo.data (``math``: MATH500/AIME-style problem + answer,
+    jsonl or parquet; answers are compared as training's ``accuracy_reward`` compares them, with math-verify).
     """
     from mindgrpo.rollout import SamplingParams
 
@@ -407,7 +411,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     # Built up front: SamplingParams validates temperature and top_p before any model is loaded.
     sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                     num_generations=samples, seed=seed) if samples else None)
-    problems = read_problems(data, limit=limit)
+    problems = read_problems(data, limit=limit, dataset_type=dataset_type)
     resolved = resolve_model(model, tokenizer, base)
     if template is None:
         template = resolved.template or DEFAULT_TEMPLATE
@@ -449,7 +453,8 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     records, scores = score_problems(problems, [t[0] for t in greedy], sampled,
                                      fallback_last_number=resolved.fallback_last_number,
                                      finish_reasons=[r[0] for r in reasons])
-    summary = {"data": str(Path(data).resolve()), "model": str(resolved.weights_dir.resolve()),
+    summary = {"data": str(Path(data).resolve()), "dataset_type": dataset_type,
+               "model": str(resolved.weights_dir.resolve()),
                **({"adapter": str(resolved.adapter_dir.resolve())} if resolved.adapter_dir is not None else {}),
                "step": resolved.step, "template": template, "max_new_tokens": max_new_tokens, "seed": seed,
                **({"temperature": temperature, "top_p": top_p} if samples else {}), **scores,

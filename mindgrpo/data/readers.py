@@ -143,6 +143,54 @@ def read_deepscaler(path: PathLike) -> Iterator[Row]:
         yield Record(source, line_no, problem, gold)
 
 
+def read_math(path: PathLike) -> Iterator[Row]:
+    """MATH-style problems (MATH500, AIME and the like): `problem` and `answer` per row, as a jsonl file (one object a
+    line, blank lines skipped) or a parquet file (`.parquet`). The answer is the final one (`\\frac{1}{2}`, `204`, a
+    `\\boxed{}` is unwrapped), compared by the reward as maths (math-verify); `question` is taken where there is no
+    `problem`. line_no is the file line, or the 1-based parquet row."""
+    source = str(path)
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            table = pq.read_table(path)
+        except Exception as err:  # pyarrow's errors are of many types; the file is what is wrong
+            raise DataError(f"{source}: not a readable parquet file ({err})") from None
+        key = "problem" if "problem" in table.column_names else "question"
+        missing = [k for k in (key, "answer") if k not in table.column_names]
+        if missing:
+            raise DataError(f"{source}: a math file needs the columns problem (or question) and answer; "
+                            f"{missing} missing (has {table.column_names})")
+        rows = enumerate(zip(table.column(key).to_pylist(), table.column("answer").to_pylist()), 1)
+        objects = ((line_no, {key: q, "answer": a}) for line_no, (q, a) in rows)
+    else:
+        def parsed():
+            for line_no, line in _utf8_lines(path):
+                if not line.strip():
+                    continue
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as err:
+                    yield line_no, RowError(source, line_no, "invalid_json",
+                                            f"invalid JSON: {err.msg} (column {err.colno})")
+        objects = parsed()
+    for line_no, obj in objects:
+        if isinstance(obj, RowError):
+            yield obj
+            continue
+        key = "problem" if isinstance(obj, dict) and "problem" in obj else "question"
+        fields = _text_fields(obj, (key, "answer"), source, line_no)
+        if isinstance(fields, RowError):
+            yield fields
+            continue
+        problem, answer = fields
+        gold = _math_gold(answer)
+        if not gold:
+            yield RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
+            continue
+        yield Record(source, line_no, problem, gold)
+
+
 def _parquet_columns(path: PathLike, columns: tuple[str, ...], hint: str) -> list[list]:
     """The named columns of a parquet file as Python lists; DataError when the file or a column is missing."""
     import pyarrow.parquet as pq  # lazy: only the parquet readers need pyarrow
@@ -234,7 +282,8 @@ def read_geo3k(path: PathLike) -> Iterator[Row]:
 
 
 READERS: dict[str, Callable[[PathLike], Iterator[Row]]] = {
-    "gsm8k": read_gsm8k, "deepscaler": read_deepscaler, "math17k": read_math17k, "geo3k": read_geo3k}
+    "gsm8k": read_gsm8k, "deepscaler": read_deepscaler, "math17k": read_math17k, "geo3k": read_geo3k,
+    "math": read_math}
 IMAGE_DATASETS = frozenset({"geo3k"})  # sources whose records carry images (their MindRecords store them)
 
 
@@ -249,10 +298,10 @@ def read_dataset(path: PathLike, dataset_type: str) -> Iterator[Row]:
 
 def count_rows(path: PathLike, dataset_type: str) -> Optional[int]:
     """Cheap row count for the progress bar (None when it would mean parsing the file twice)."""
-    if dataset_type == "gsm8k":
+    if dataset_type == "gsm8k" or (dataset_type == "math" and not str(path).endswith(".parquet")):
         with open(path, "rb") as f:
             return sum(1 for line in f if line.strip())
-    if dataset_type in ("math17k", "geo3k"):
+    if dataset_type in ("math17k", "geo3k") or (dataset_type == "math" and str(path).endswith(".parquet")):
         import pyarrow.parquet as pq
         try:
             return pq.ParquetFile(path).metadata.num_rows
