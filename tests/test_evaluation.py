@@ -369,3 +369,4 @@ def test_eval_cli_runs_math_problems(tmp_path, demo_plain):
                  "--output", str(out), "--no-progress"]) == 0
     summary = json.loads(summary_path(out).read_text())
     assert summary["dataset_type"] == "math" and summary["problems"] == 3
+    assert "tools" not in summary  # a plain Hugging Face folder: no run, no tools

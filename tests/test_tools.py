@@ -4,6 +4,7 @@ that answers every failure with a text."""
 import json
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -84,7 +85,7 @@ def run_files(tmp_path):
     checkpoint = tmp_path / "output" / "checkpoint-10" / "model.safetensors"
     checkpoint.parent.mkdir(parents=True)
     checkpoint.write_bytes(b"weights")
-    home = Path.home() / f".mindgrpo-sandbox-test-{tmp_path.name}"
+    home = Path.home() / f".mindgrpo-sandbox-test-{uuid.uuid4().hex}"  # unique: pytest workers run side by side
     home.write_text("token")
     yield [checkpoint, home]
     home.unlink()
@@ -136,7 +137,7 @@ def test_sandboxed_code_has_no_network():
     ("import multiprocessing\nmultiprocessing.Process(target=print).start()", "not allowed"),
     ("x = bytearray(10 * 2 ** 30)", "MemoryError"),
     ("while True:\n    pass", "[killed: CPU time limit]"),
-    ("import time\ntime.sleep(60)", "[killed: time limit]"),
+    ("import time\ntime.sleep(60)", "[killed: time limit]"),  # cut at LIMITS.wall_seconds
     ("while True:\n    print('x' * 1000)", "[output truncated: too long]"),
     ("import os\nos.kill(os.getppid(), 9)", "os.kill is not allowed"),
 ])

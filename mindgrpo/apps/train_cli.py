@@ -29,11 +29,13 @@ VL_DEMO_CONFIG = Path(mindgrpo.__file__).resolve().parents[1] / "examples" / "gr
 
 @dataclass(frozen=True)
 class Demo:
-    """An embedded demo: its config, the output folder it runs in by default, and how its model and data are made
-    (``prepare(output_dir)`` returns the flags that point the config at them)."""
+    """An embedded demo: its config, the output folder it runs in by default, how its model and data are made
+    (``prepare(output_dir)`` returns the flags that point the config at them), and whether its graphs are compiled
+    before the first step (``GRPOTrainer.precompile``)."""
     config: Path
     run_dir: str
     prepare: Callable[[Path], Dict[str, str]]
+    precompile: bool = False
 
 
 def prepare_demo(run_dir: Path) -> Dict[str, str]:
@@ -63,7 +65,7 @@ def prepare_vl_demo(run_dir: Path) -> Dict[str, str]:
 
 
 DEMOS = {"text": Demo(DEMO_CONFIG, "output/demo", prepare_demo),
-         "vl": Demo(VL_DEMO_CONFIG, "output/demo_vl", prepare_vl_demo)}
+         "vl": Demo(VL_DEMO_CONFIG, "output/demo_vl", prepare_vl_demo, precompile=True)}
 
 
 def build_parser(prog: Optional[str] = "mindgrpo train", demo: str = "text") -> argparse.ArgumentParser:
@@ -144,6 +146,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo t
     from mindgrpo.train.trainer import PeerLostError
 
     try:
+        if args.config is None and DEMOS[args.demo].precompile:
+            trainer.precompile()
         trainer.train()
     except PeerLostError as err:
         # The collectives are broken, and MindSpore's teardown then may crash (a SIGSEGV was seen here after this
