@@ -131,16 +131,20 @@ def read_deepscaler(path: PathLike) -> Iterator[Row]:
         raise DataError(f"{source}: expected a JSON list of {{\"problem\", \"answer\"}} objects, got "
                         f"{type(items).__name__}; is --dataset_type right?")
     for line_no, obj in enumerate(items, 1):
-        fields = _text_fields(obj, ("problem", "answer"), source, line_no)
-        if isinstance(fields, RowError):
-            yield fields
-            continue
-        problem, answer = fields
-        gold = _math_gold(answer)
-        if not gold:
-            yield RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
-            continue
-        yield Record(source, line_no, problem, gold)
+        yield _math_record(obj, ("problem", "answer"), source, line_no)
+
+
+def _math_record(obj: object, keys: tuple[str, str], source: str, line_no: int) -> Row:
+    """The Record of one JSON row holding a problem and its final answer under `keys` (the answer as `_math_gold`
+    keeps it), or the RowError of a row that has none."""
+    fields = _text_fields(obj, keys, source, line_no)
+    if isinstance(fields, RowError):
+        return fields
+    problem, answer = fields
+    gold = _math_gold(answer)
+    if not gold:
+        return RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
+    return Record(source, line_no, problem, gold)
 
 
 def read_math(path: PathLike) -> Iterator[Row]:
@@ -150,19 +154,9 @@ def read_math(path: PathLike) -> Iterator[Row]:
     `problem`. line_no is the file line, or the 1-based parquet row."""
     source = str(path)
     if str(path).endswith(".parquet"):
-        import pyarrow.parquet as pq
-
-        try:
-            table = pq.read_table(path)
-        except Exception as err:  # pyarrow's errors are of many types; the file is what is wrong
-            raise DataError(f"{source}: not a readable parquet file ({err})") from None
-        key = "problem" if "problem" in table.column_names else "question"
-        missing = [k for k in (key, "answer") if k not in table.column_names]
-        if missing:
-            raise DataError(f"{source}: a math file needs the columns problem (or question) and answer; "
-                            f"{missing} missing (has {table.column_names})")
-        rows = enumerate(zip(table.column(key).to_pylist(), table.column("answer").to_pylist()), 1)
-        objects = ((line_no, {key: q, "answer": a}) for line_no, (q, a) in rows)
+        problems, answers = _parquet_columns(path, (("problem", "question"), "answer"),
+                                             "a math file needs problem (or question) and answer")
+        objects = ((line_no, {"problem": q, "answer": a}) for line_no, (q, a) in enumerate(zip(problems, answers), 1))
     else:
         def parsed():
             for line_no, line in _utf8_lines(path):
@@ -179,30 +173,24 @@ def read_math(path: PathLike) -> Iterator[Row]:
             yield obj
             continue
         key = "problem" if isinstance(obj, dict) and "problem" in obj else "question"
-        fields = _text_fields(obj, (key, "answer"), source, line_no)
-        if isinstance(fields, RowError):
-            yield fields
-            continue
-        problem, answer = fields
-        gold = _math_gold(answer)
-        if not gold:
-            yield RowError(source, line_no, "no_answer", f"answer {answer!r} has no content")
-            continue
-        yield Record(source, line_no, problem, gold)
+        yield _math_record(obj, (key, "answer"), source, line_no)
 
 
-def _parquet_columns(path: PathLike, columns: tuple[str, ...], hint: str) -> list[list]:
-    """The named columns of a parquet file as Python lists; DataError when the file or a column is missing."""
+def _parquet_columns(path: PathLike, columns: tuple[Union[str, tuple[str, ...]], ...], hint: str) -> list[list]:
+    """The named columns of a parquet file as Python lists; DataError when the file or a column is missing. An entry
+    may be a tuple of alternative names: the first one the file has is read."""
     import pyarrow.parquet as pq  # lazy: only the parquet readers need pyarrow
 
     try:
         table = pq.read_table(path)
     except Exception as err:  # pyarrow raises ArrowInvalid/OSError variants
         raise DataError(f"{path}: cannot read as parquet ({err}); is --dataset_type right?") from err
-    missing = [c for c in columns if c not in table.column_names]
+    chosen = [next((n for n in ((c,) if isinstance(c, str) else c) if n in table.column_names), None)
+              for c in columns]
+    missing = [c for c, name in zip(columns, chosen) if name is None]
     if missing:
         raise DataError(f"{path}: parquet has no column(s) {missing} (columns: {table.column_names}); {hint}")
-    return [table.column(c).to_pylist() for c in columns]
+    return [table.column(name).to_pylist() for name in chosen]
 
 
 def read_math17k(path: PathLike) -> Iterator[Row]:
