@@ -6,6 +6,8 @@ Commands:
   data          convert a prompt dataset (GSM8K jsonl, DeepScaleR json, DAPO-Math parquet) into a MindRecord
                 (as tools/rlhf_data.py, with MindRLHF's flags)
   eval          GSM8K accuracy of a model or run folder: greedy pass@1 and sampled maj@k (as tools/eval_gsm8k.py)
+  chat          talk to a model or run folder: its chat template, streamed answers, history; --prompt for one
+                answer; --image for Qwen2.5-VL
   merge         a LoRA run's adapter folder merged into its base as a plain Hugging Face folder
   plot          training curves of one or more runs as PNGs (as tools/plot_metrics.py)
   samples       a run's completions that match filters (step, reward, verifier, length, --grep), printed or as
@@ -30,6 +32,7 @@ COMMANDS = {
     "train": "mindgrpo.apps.train_cli:main",
     "data": "mindgrpo.apps.data_cli:main",
     "eval": "mindgrpo.apps.eval_cli:main",
+    "chat": "mindgrpo.apps.chat_cli:main",
     "merge": "mindgrpo.apps.merge_cli:main",
     "plot": "mindgrpo.apps.plot_cli:main",
     "samples": "mindgrpo.apps.samples_cli:main",

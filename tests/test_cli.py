@@ -16,7 +16,7 @@ DEMO_CONFIG = REPO / "examples" / "grpo" / "grpo_demo.yaml"
 
 # One option each command's --help must name (besides -h).
 OPTIONS = {"train": "--verifier_function", "data": "--output_path", "eval": "--max-new-tokens", "plot": "--smooth",
-           "merge": "--base", "samples": "--grep",
+           "merge": "--base", "samples": "--grep", "chat": "--max-new-tokens",
            "doctor": "--master_port", "plan": "--device-memory", "config-help": "--help"}
 
 
@@ -40,7 +40,7 @@ def test_no_command_lists_the_commands_and_an_unknown_one_names_the_choices():
     done = subprocess.run([sys.executable, "-m", "mindgrpo", "trian"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2
-    assert "unknown command 'trian'; choose one of train, data, eval, merge, plot, samples, doctor, plan, config-help" in done.stderr
+    assert "unknown command 'trian'; choose one of train, data, eval, chat, merge, plot, samples, doctor, plan, config-help" in done.stderr
 
 
 def test_config_help_refuses_arguments(capsys):

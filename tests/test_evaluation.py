@@ -13,7 +13,8 @@ import pytest
 
 from mindgrpo.data import DataError
 from mindgrpo.apps.evaluation import (EvaluationError, Problem, answer_of, generate_completions, majority_vote,
-                                 read_problems, resolve_model, score_problems, summary_path)
+                                      read_problems, score_problems, summary_path)
+from mindgrpo.apps.model_source import ModelSourceError, resolve_model
 from mindgrpo.rollout import FINISH_LENGTH, FINISH_STOP, RolloutResult, SamplingParams
 
 REPO = Path(__file__).resolve().parents[1]
@@ -218,11 +219,11 @@ def test_resolve_model_folders(tiny_run, tmp_path):
     plain = resolve_model(tiny)
     assert (plain.weights_dir, plain.tokenizer_dir, plain.step, plain.template) == (tiny, tiny, None, None)
 
-    with pytest.raises(EvaluationError, match="does not exist"):
+    with pytest.raises(ModelSourceError, match="does not exist"):
         resolve_model(tmp_path / "nowhere")
-    with pytest.raises(EvaluationError, match="neither a Hugging Face model folder"):
+    with pytest.raises(ModelSourceError, match="neither a Hugging Face model folder"):
         resolve_model(tmp_path)
-    with pytest.raises(EvaluationError, match="--tokenizer"):
+    with pytest.raises(ModelSourceError, match="--tokenizer"):
         resolve_model(tiny, tokenizer=tmp_path)
 
 
@@ -238,7 +239,7 @@ def test_damaged_latest_checkpoint_falls_back(tiny_run, tmp_path):
         warnings.simplefilter("always")
         resolved = resolve_model(copy / "checkpoints")
     assert resolved.step == 1 and any("sha256 mismatch" in str(w.message) for w in caught)
-    with pytest.raises(EvaluationError, match="sha256 mismatch"):
+    with pytest.raises(ModelSourceError, match="sha256 mismatch"):
         resolve_model(copy / "checkpoints" / "step_00000002")  # asked for by name: refused, not replaced
 
 
@@ -248,7 +249,7 @@ def test_checkpoint_without_tokenizer_names_the_flag(tiny_run, tmp_path):
     _, tiny, _ = tiny_run
     bare = CheckpointManager(tmp_path / "checkpoints").save(3, {"model": lambda d: [
         shutil.copy(tiny / name, d / name) for name in ("config.json", "model.safetensors")]})
-    with pytest.raises(EvaluationError, match="pass --tokenizer"):  # no tokenizer and no run config to find one
+    with pytest.raises(ModelSourceError, match="pass --tokenizer"):  # no tokenizer and no run config to find one
         resolve_model(bare)
     resolved = resolve_model(bare, tokenizer=tiny)
     assert (resolved.weights_dir, resolved.tokenizer_dir, resolved.step) == (bare / "model", tiny, 3)

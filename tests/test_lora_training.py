@@ -105,7 +105,8 @@ def test_eval_and_logprobs_take_the_base_plus_the_adapter_folder(lora_run, demo_
     equals the trained policy's own forward (and not the base's), and `evaluate` on the run folder finds the
     adapter folder and its base by itself."""
     import mindgrpo
-    from mindgrpo.apps.evaluation import evaluate, resolve_model
+    from mindgrpo.apps.evaluation import evaluate
+    from mindgrpo.apps.model_source import resolve_model
 
     out, trainer, _ = lora_run
     adapter = out / "checkpoints" / "step_00000004" / "model"

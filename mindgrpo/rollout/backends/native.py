@@ -276,6 +276,31 @@ class NativeRolloutEngine:
         with graph_mode():
             return generate_in_chunks(rows, self.max_batch_size, sample_chunk, params, self.pad_token_id)
 
+    def stream(self, prompt: Sequence[int], params: SamplingParams,
+               images: Optional[PromptImages] = None) -> Iterator[int]:
+        """One completion of ``prompt``, a token at a time as it is sampled (a chat shows each one at once): the
+        tokens :meth:`generate` samples for it with the same ``params`` and seed, the stop token last when one
+        ends it."""
+        if params.num_generations != 1:
+            raise ValueError(f"stream samples one completion, not num_generations={params.num_generations}")
+        prompts = check_request([prompt], params, self.max_prompt_length, self.spec.vocab_size)
+        vision = self._vision_prompts(prompts, None if images is None else [images])
+        seed = params.seed if params.seed is not None else int(np.random.default_rng().integers(2 ** 63))
+        stop_ids = np.array(self.eos_ids + params.stop_token_ids)
+        with graph_mode():
+            decoder = _ChunkDecoder(self, prompts, params.max_tokens, vision)
+            try:
+                sampler = TokenSampler(params, stop_ids, self.spec.vocab_size, seed,
+                                       np.asarray(params.prompt_keys or (0,), np.int64), prompts)
+                for step in range(params.max_tokens):
+                    chosen, _ = sampler.sample(decoder.logits, step, decoder.rows)
+                    yield int(chosen[0])
+                    if chosen[0] in stop_ids or step + 1 == params.max_tokens:
+                        return
+                    decoder.advance(chosen)
+            finally:
+                decoder.bucket.release_cache()
+
     def forced_logits(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]],
                       images: Optional[Sequence[Optional[PromptImages]]] = None) -> List[np.ndarray]:
         """Next-token logits the engine computes when prompt ``i`` is continued by ``continuations[i]``.
