@@ -82,10 +82,10 @@ def test_lora_demo_learns_on_problems_it_never_saw(tmp_path):
     shipped."""
     from demo_seeds import command
     from mindgrpo.apps import demo
-    from mindgrpo.apps.train_cli import prepare_demo
+    from mindgrpo.apps.train_cli import demo_flags
     from mindgrpo.models.lora import is_adapter_folder
 
-    flags = prepare_demo(tmp_path / "demo")
+    flags = demo_flags("text", tmp_path / "demo")
     run_dir = tmp_path / "lora"
     done = subprocess.run(command("lora", 0, run_dir, flags), cwd=tmp_path, capture_output=True, text=True,
                           timeout=1800, env={**os.environ, "PYTHONPATH": os.pathsep.join(

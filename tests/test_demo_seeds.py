@@ -19,6 +19,9 @@ def test_each_config_runs_the_demo_its_way(tmp_path):
     dapo = demo_seeds.command("dapo", 3, tmp_path / "run", flags)
     assert dapo[dapo.index("--config") + 1].endswith("dapo_demo.yaml")
     assert dapo[dapo.index("--actor_checkpoint_path") + 1] == "MODEL" and "rl_config.seed=3" in dapo
+    tools, notools = (demo_seeds.command(c, 3, tmp_path / "run", flags) for c in ("tools", "notools"))
+    assert tools[2:4] == notools[2:4] == ["--demo", "tools"] and "MODEL" not in tools + notools
+    assert "rl_config.tools=[]" in notools and "rl_config.tools=[]" not in tools
 
 
 def test_summary_averages_every_10_steps_over_seeds_and_gives_each_seeds_rise():

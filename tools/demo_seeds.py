@@ -12,12 +12,16 @@ the warm-started demo model is the same), one after the other:
               move as much, with no signal about the answers
     dapo      examples/grpo/dapo_demo.yaml on the demo's model and data
     lora      examples/grpo/lora_demo.yaml: LoRA adapters on the frozen demo model
+    tools     the tool demo (`--demo tools`, examples/grpo/tool_demo.yaml, 60 steps): 3-digit by 2-digit products
+              with the calculator tool
+    notools   the same model, budget and problems without the tool (`rl_config.tools=[]`)
 
 The sampled accuracy is `grpo/rewards/accuracy_reward`, that of a step's (first round of) completions. It prints,
 per config, the mean over the seeds of every 10 steps and of the whole run (the README's DAPO table), each seed's
 rise (the mean of the last 20 steps minus that of the first 20) and its wall time; and the held-out accuracy: greedy
-pass@1 of the run's final checkpoint on the demo's 200 test problems (`mindgrpo eval`, 16 new tokens), against the
-warm-started model's (the figure tests/test_demo_learns.py checks). It writes the same as `summary.md` under `--out`.
+pass@1 of the run's final checkpoint on the demo's 200 test problems (`mindgrpo eval`, 16 new tokens; the tool demo's
+own 200, 64 tokens, with the run's tools), against the warm-started model's (the figure tests/test_demo_learns.py
+checks). It writes the same as `summary.md` under `--out`.
 One run takes one to a few minutes on 2 cores.
 """
 from __future__ import annotations
@@ -35,8 +39,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "examples" / "grpo" / "main.py"
 METRIC = "grpo/rewards/accuracy_reward"
-CONFIGS = ("grpo", "nolearn", "length", "dapo", "lora")
+CONFIGS = ("grpo", "nolearn", "length", "dapo", "lora", "tools", "notools")
 YAML = {"dapo": "dapo_demo.yaml", "lora": "lora_demo.yaml"}
+TOOL_CONFIGS = {"tools": ["calculator"], "notools": []}  # the tool demo, with and without its tool
+STEPS = {"tools": 60, "notools": 60}  # the others: 100
 
 
 def length_reward(completion: str, gold: str, **_context) -> float:
@@ -47,7 +53,9 @@ def length_reward(completion: str, gold: str, **_context) -> float:
 
 def command(config: str, seed: int, run_dir: Path, demo_flags: Dict[str, str]) -> List[str]:
     args = [sys.executable, str(MAIN)]
-    if config in YAML:
+    if config in TOOL_CONFIGS:  # the tool demo makes its own model and data
+        args += ["--demo", "tools"] + (["rl_config.tools=[]"] if not TOOL_CONFIGS[config] else [])
+    elif config in YAML:
         args += ["--config", str(REPO / "examples" / "grpo" / YAML[config]),
                  *(item for flag, value in demo_flags.items() for item in (f"--{flag}", value))]
     args += [f"rl_config.seed={seed}", f"rl_config.output_dir={run_dir.resolve()}"]
@@ -67,6 +75,16 @@ def held_out_accuracy(model: Path, test_jsonl: Path) -> float:
                     progress=False).accuracy
 
 
+def tool_held_out_accuracy(model: Path, tools: List[str]) -> float:
+    """Greedy pass@1 on the tool demo's test problems, offering and answering `tools` as its training did."""
+    from mindgrpo.apps import demo_tools
+    from mindgrpo.apps.evaluation import evaluate
+
+    built = demo_tools.make_tool_demo(demo_tools.default_tool_demo_dir())
+    return evaluate(model, built.test_jsonl, template=demo_tools.PROMPT_TEMPLATE, max_new_tokens=64, batch_size=64,
+                    tools=tools, max_tool_turns=1, progress=False).accuracy
+
+
 def run(config: str, seed: int, out: Path, demo_flags: Dict[str, str]) -> Dict:
     """One run; its per-step accuracy and wall time. A run folder that already holds 100 steps is read again."""
     from mindgrpo.train.metrics import read_metrics
@@ -74,7 +92,7 @@ def run(config: str, seed: int, out: Path, demo_flags: Dict[str, str]) -> Dict:
     run_dir = out / f"{config}-seed{seed}"
     metrics = run_dir / "metrics.jsonl"
     start = time.perf_counter()
-    if not (metrics.exists() and len(read_metrics(metrics)) >= 100):
+    if not (metrics.exists() and len(read_metrics(metrics)) >= STEPS.get(config, 100)):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), str(REPO / "tools"),
                                                                          os.environ.get("PYTHONPATH")]))}
         done = subprocess.run(command(config, seed, run_dir, demo_flags), cwd=out, capture_output=True, text=True,
@@ -98,21 +116,24 @@ def summary(results: Dict[str, Dict[int, Dict]], held_out: Dict = None) -> str:
                      + f" | {acc.mean():.3f} |")
     lines.append("")
     for config, runs in results.items():
-        rises = {seed: np.mean(r["accuracy"][80:100]) - np.mean(r["accuracy"][:20]) for seed, r in runs.items()}
+        rises = {seed: np.mean(r["accuracy"][-20:]) - np.mean(r["accuracy"][:20]) for seed, r in runs.items()}
         each = ", ".join(f"seed {s}: {np.mean(runs[s]['accuracy'][:20]):.3f} -> "
-                         f"{np.mean(runs[s]['accuracy'][80:100]):.3f} ({rise:+.3f})" for s, rise in rises.items())
+                         f"{np.mean(runs[s]['accuracy'][-20:]):.3f} ({rise:+.3f})" for s, rise in rises.items())
         minutes = ", ".join(f"{r['seconds'] / 60:.1f}" for r in runs.values())
         lines.append(f"{config}: first 20 -> last 20 steps, {each}; mean rise {np.mean(list(rises.values())):+.3f} "
                      f"(min {min(rises.values()):+.3f}, max {max(rises.values()):+.3f}); minutes per run {minutes}")
     if held_out:
-        start = held_out["warm start"]
         lines.append("")
-        lines.append(f"held-out greedy accuracy (200 test problems), warm start {start:.3f}:")
+        if "warm start" in held_out:
+            lines.append(f"held-out greedy accuracy (200 test problems), warm start {held_out['warm start']:.3f}:")
         for config, runs in results.items():
+            own = ("warm start", config) in held_out  # the tool demo's model, measured with the config's tools
+            start = held_out[("warm start", config) if own else "warm start"]
             gains = {seed: held_out[config, seed] - start for seed in runs}
             each = ", ".join(f"seed {s}: {held_out[config, s]:.3f} ({g:+.3f})" for s, g in gains.items())
             lines.append(f"{config}: {each}; mean {np.mean(list(gains.values())):+.3f} "
-                         f"(min {min(gains.values()):+.3f}, max {max(gains.values()):+.3f})")
+                         f"(min {min(gains.values()):+.3f}, max {max(gains.values()):+.3f})"
+                         + (f"; its warm start {start:.3f}" if own else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -127,20 +148,30 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))  # this checkout's mindgrpo
     import mindgrpo  # noqa: F401  (quiet logging)
     from mindgrpo.apps.demo import default_demo_dir, make_demo
-    from mindgrpo.apps.train_cli import prepare_demo
+    from mindgrpo.apps.train_cli import demo_flags
 
     args.out.mkdir(parents=True, exist_ok=True)
-    demo_flags = prepare_demo(args.out / "demo")  # the demo model (cached) and its converted data
+    flags = demo_flags("text", args.out / "demo")  # the demo model (cached) and its converted data
     results: Dict[str, Dict[int, Dict]] = {}
     for config in args.configs:
         for seed in args.seeds:
-            results.setdefault(config, {})[seed] = run(config, seed, args.out, demo_flags)
+            results.setdefault(config, {})[seed] = run(config, seed, args.out, flags)
             print(f"{config} seed {seed}: {results[config][seed]['seconds'] / 60:.1f} min", flush=True)
     held_out = None
     if not args.no_eval:
-        assets = make_demo(default_demo_dir())
-        held_out = {"warm start": held_out_accuracy(assets.model_dir, assets.test_jsonl)}
+        from mindgrpo.apps import demo_tools
+
+        held_out = {}
         for config, runs in results.items():
+            if config in TOOL_CONFIGS:
+                tools = TOOL_CONFIGS[config]
+                model = demo_tools.make_tool_demo(demo_tools.default_tool_demo_dir()).model_dir
+                held_out["warm start", config] = tool_held_out_accuracy(model, tools)
+                for seed, result in runs.items():
+                    held_out[config, seed] = tool_held_out_accuracy(result["run_dir"], tools)
+                continue
+            assets = make_demo(default_demo_dir())
+            held_out.setdefault("warm start", held_out_accuracy(assets.model_dir, assets.test_jsonl))
             for seed, result in runs.items():
                 held_out[config, seed] = held_out_accuracy(result["run_dir"], assets.test_jsonl)
     text = summary(results, held_out)

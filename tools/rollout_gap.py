@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 import mindgrpo  # noqa: F401  (must precede MindSpore: configures logging)
-from mindgrpo.apps.train_cli import DEMO_CONFIG, prepare_demo
+from mindgrpo.apps.train_cli import DEMO_CONFIG, demo_flags
 from mindgrpo.config import load_config
 
 GAP_METRICS = ("rollout/logprob_diff_mean", "rollout/logprob_diff_max", "rollout/is_ratio_mean")
@@ -30,7 +30,7 @@ def measure(decode_impl: str, steps: int, learning_rate: float, work: Path) -> d
     largest ``logprob_diff_max``."""
     from mindgrpo.train.trainer import GRPOTrainer
 
-    flags = prepare_demo(work / "demo")
+    flags = demo_flags("text", work / "demo")
     config = load_config(DEMO_CONFIG, [f"rl_config.output_dir={work / decode_impl}", f"rl_config.max_steps={steps}",
                                        "rl_config.save_ckpt_interval=0", "rl_config.save_prompt_completions_data=false",
                                        f"generate_config.decode_impl={decode_impl}",

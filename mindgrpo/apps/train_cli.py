@@ -19,53 +19,83 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import mindgrpo
-from mindgrpo.config import CLI_FLAGS, ConfigError, describe, load_config, validate
+from mindgrpo.config import CLI_FLAGS, ConfigError, GRPOConfig, describe, load_config, validate
 from mindgrpo.data import DataError
 
 # The embedded demos' configs ship with the source checkout, beside examples/grpo*/main.py.
 DEMO_CONFIG = Path(mindgrpo.__file__).resolve().parents[1] / "examples" / "grpo" / "grpo_demo.yaml"
 VL_DEMO_CONFIG = Path(mindgrpo.__file__).resolve().parents[1] / "examples" / "grpo_vl" / "grpo_vl_demo.yaml"
+TOOL_DEMO_CONFIG = DEMO_CONFIG.with_name("tool_demo.yaml")
 
 
 @dataclass(frozen=True)
 class Demo:
     """An embedded demo: its config, the output folder it runs in by default, how its model and data are made
-    (``prepare(output_dir)`` returns the flags that point the config at them), and whether its graphs are compiled
+    (``prepare(config)`` returns the flags that point the config at them), and whether its graphs are compiled
     before the first step (``GRPOTrainer.precompile``)."""
     config: Path
     run_dir: str
-    prepare: Callable[[Path], Dict[str, str]]
+    prepare: Callable[[GRPOConfig], Dict[str, str]]
     precompile: bool = False
 
 
-def prepare_demo(run_dir: Path) -> Dict[str, str]:
-    """Make the demo model and data (cached) and convert the data as ``mindgrpo data`` does."""
+def _convert_demo_data(model_dir: Path, rows: Path, template: str, config: GRPOConfig) -> Path:
+    """The demo's GSM8K-format `rows` in the prompt template `template`, as ``mindgrpo data`` converts them for
+    `config` (its prompt length and tools), in the run's folder."""
     from mindgrpo.apps.data_cli import main as convert
+
+    dataset = Path(config.rl_config.output_dir) / "data" / "train.mindrecord"
+    if not dataset.exists():
+        args = ["--tokenizer_dir", str(model_dir), "--file_path", str(rows), "--output_path", str(dataset),
+                "--dataset_type", "gsm8k", "--prompt_template", template, "--max_prompt_length",
+                str(config.rl_config.max_prompt_length), "--no_progress"]
+        if config.rl_config.tools:
+            args += ["--tools", *config.rl_config.tools]
+        print("[demo] converting the demo data: mindgrpo data", " ".join(args), flush=True)
+        if convert(args) != 0:
+            raise DataError(f"converting the demo data {rows} failed: see the error above")
+    return dataset
+
+
+def prepare_demo(config: GRPOConfig) -> Dict[str, str]:
+    """Make the demo model and data (cached) and convert the data as ``mindgrpo data`` does."""
     from mindgrpo.apps.demo import default_demo_dir, make_demo
 
     assets = make_demo(default_demo_dir())
-    dataset = run_dir / "data" / "train.mindrecord"
-    if not dataset.exists():
-        args = ["--tokenizer_dir", str(assets.model_dir), "--file_path", str(assets.train_jsonl), "--output_path",
-                str(dataset), "--dataset_type", "gsm8k", "--prompt_template", "gsm8k_hash", "--max_prompt_length",
-                "64", "--no_progress"]
-        print("[demo] converting the demo data: mindgrpo data", " ".join(args), flush=True)
-        if convert(args) != 0:
-            raise DataError(f"converting the demo data {assets.train_jsonl} failed: see the error above")
-    return {"actor_checkpoint_path": str(assets.model_dir), "dataset_file": str(dataset)}
+    return {"actor_checkpoint_path": str(assets.model_dir),
+            "dataset_file": str(_convert_demo_data(assets.model_dir, assets.train_jsonl, "gsm8k_hash", config))}
 
 
-def prepare_vl_demo(run_dir: Path) -> Dict[str, str]:
-    """Make the Qwen2.5-VL demo's model, pictures and warm start in ``<run_dir>/demo`` (about a minute)."""
+def prepare_tool_demo(config: GRPOConfig) -> Dict[str, str]:
+    """Make the tool demo's model and problems (cached) and convert the problems with the config's tools (with
+    ``rl_config.tools=[]``, the same model answers the prompts without the tool block)."""
+    from mindgrpo.apps.demo_tools import PROMPT_TEMPLATE, default_tool_demo_dir, make_tool_demo
+
+    demo = make_tool_demo(default_tool_demo_dir())
+    print(f"[demo] tool demo in {demo.root}: {demo.facts}", flush=True)
+    return {"actor_checkpoint_path": str(demo.model_dir),
+            "dataset_file": str(_convert_demo_data(demo.model_dir, demo.train_jsonl, PROMPT_TEMPLATE, config))}
+
+
+def prepare_vl_demo(config: GRPOConfig) -> Dict[str, str]:
+    """Make the Qwen2.5-VL demo's model, pictures and warm start in ``<output_dir>/demo`` (about a minute)."""
     from mindgrpo.apps.demo_vl import make_vl_demo
 
-    demo = make_vl_demo(run_dir / "demo")
+    demo = make_vl_demo(Path(config.rl_config.output_dir) / "demo")
     print(f"[demo] VL demo built in {demo.root}: {demo.facts}", flush=True)
     return {"actor_checkpoint_path": str(demo.model_dir), "dataset_file": str(demo.dataset_file)}
 
 
 DEMOS = {"text": Demo(DEMO_CONFIG, "output/demo", prepare_demo),
+         "tools": Demo(TOOL_DEMO_CONFIG, "output/demo_tools", prepare_tool_demo),
          "vl": Demo(VL_DEMO_CONFIG, "output/demo_vl", prepare_vl_demo, precompile=True)}
+
+
+def demo_flags(demo: str, output_dir: Path, overrides: Sequence[str] = ()) -> Dict[str, str]:
+    """The flags of demo `demo` run into `output_dir` with `overrides`: its model (made or cached) and its data
+    (converted into `output_dir`), for scripts that run or measure the demos."""
+    config = load_config(DEMOS[demo].config, [f"rl_config.output_dir={Path(output_dir).resolve()}", *overrides])
+    return DEMOS[demo].prepare(config)
 
 
 def build_parser(prog: Optional[str] = "mindgrpo train", demo: str = "text") -> argparse.ArgumentParser:
@@ -73,8 +103,8 @@ def build_parser(prog: Optional[str] = "mindgrpo train", demo: str = "text") -> 
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="grpo_config.yaml; omit to run the embedded demo")
     parser.add_argument("--demo", choices=sorted(DEMOS), default=demo,
-                        help=f"the embedded demo run without --config (default {demo}): text arithmetic, or vl "
-                             "(Qwen2.5-VL counting squares)")
+                        help=f"the embedded demo run without --config (default {demo}): text (one-digit arithmetic), "
+                             "tools (3-digit products with the calculator tool) or vl (Qwen2.5-VL counting squares)")
     for flag, key in CLI_FLAGS.items():
         if flag == "resume_training":
             parser.add_argument("--resume_training", action="store_true", default=None, help=f"sets {key}")
@@ -112,7 +142,7 @@ def run_inputs(args: argparse.Namespace) -> Tuple[Path, List[str], dict]:
     config = load_config(demo.config, overrides, flags)
     validate(config, check_paths=False)
     check_settings(config).close()
-    for flag, value in demo.prepare(Path(config.rl_config.output_dir)).items():
+    for flag, value in demo.prepare(config).items():
         flags[flag] = flags[flag] or value
     return demo.config, overrides, flags
 

@@ -7,9 +7,6 @@ A lock in mindgrpo's cache lets one process build while the others (data-paralle
 """
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -18,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
-from mindgrpo.apps.demo._files import file_sha256, write_json, write_jsonl
+from mindgrpo.apps.demo._files import build_lock, file_sha256, publish, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.problems import make_problems
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
@@ -74,40 +71,11 @@ def _cached(root: Path, recipe: dict) -> Optional[DemoAssets]:
     return DemoAssets(root, model_dir, train, test, dict(stamp.get("facts") or {}))
 
 
-def _publish(tmp: Path, root: Path) -> None:
-    """Move the finished `tmp` folder to `root`, replacing a stale demo folder there."""
-    if root.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
-        os.replace(root, old / root.name)
-        try:
-            os.replace(tmp, root)
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, root)
-
-
 def default_demo_dir() -> Path:
     """Where the README's command keeps the demo: mindgrpo's per-user cache (see `mindgrpo._env.cache_dir`)."""
     from mindgrpo._env import cache_dir
 
     return Path(cache_dir()) / "demo"
-
-
-@contextlib.contextmanager
-def _build_lock(root: Path):
-    """One builder per folder at a time: data-parallel ranks that all call `make_demo` wait for the first one and
-    then find its stamp. The lock file lives in mindgrpo's cache, not next to the user's folder."""
-    from mindgrpo._env import cache_dir
-
-    locks = Path(cache_dir()) / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"demo-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAULT_WARM_START_STEPS,
@@ -124,7 +92,7 @@ def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAU
         raise ValueError(f"warm_start_steps={warm_start_steps} must be >= 0 (0 skips the warm start)")
     root = Path(out_dir).expanduser().resolve()
     recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
-    with _build_lock(root):
+    with build_lock(root):
         cached = None if force else _cached(root, recipe)
         if cached is not None:
             return cached
@@ -138,7 +106,7 @@ def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAU
             facts = _build(tmp, seed, warm_start_steps)
             files = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
             write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
-            _publish(tmp, root)
+            publish(tmp, root)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -23,23 +23,27 @@ _SYSTEM_TURN = "system\nYou are Qwen, created by Alibaba Cloud. You are a helpfu
 CORPUS_TEMPLATES = ("r1_zero", "gsm8k_hash", "chatml", "raw")
 
 
-def _tokenizer_corpus(rows: Sequence[dict]) -> List[str]:
+def _without_specials(text: str) -> str:
+    for special in SPECIAL_TOKENS:  # special tokens are added after training: keep them out of the merges
+        text = text.replace(special, "\n")
+    return text
+
+
+def _tokenizer_corpus(rows: Sequence[dict], extra: Sequence[str] = ()) -> List[str]:
     """Every text the demo puts through the tokenizer: rows in each text prompt template and the chat template's
-    default system turn, so prompts tokenize into whole words rather than bytes."""
+    default system turn, so prompts tokenize into whole words rather than bytes, then the `extra` texts."""
     from mindgrpo.data import PROMPT_TEMPLATES
 
     texts = []
     for row in rows:
         for template in (PROMPT_TEMPLATES[name] for name in CORPUS_TEMPLATES):
-            prompt = template.render(row["question"])
-            for special in SPECIAL_TOKENS:  # special tokens are added after training: keep them out of the merges
-                prompt = prompt.replace(special, "\n")
-            texts.append(prompt + row["answer"])
-    return texts + [_SYSTEM_TURN] * (len(rows) // 4)
+            texts.append(_without_specials(template.render(row["question"])) + row["answer"])
+    return texts + [_SYSTEM_TURN] * (len(rows) // 4) + [_without_specials(text) for text in extra]
 
 
-def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE):
-    """A `tokenizers.Tokenizer` with Qwen2's pipeline, trained on the demo corpus (deterministic)."""
+def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE, extra: Sequence[str] = ()):
+    """A `tokenizers.Tokenizer` with Qwen2's pipeline, trained on the demo corpus and the `extra` texts
+    (deterministic)."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from tokenizers import trainers
 
@@ -56,7 +60,7 @@ def train_tokenizer(rows: Sequence[dict], vocab_size: int = VOCAB_SIZE):
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(vocab_size=vocab_size - len(SPECIAL_TOKENS), special_tokens=[],
                                   show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(_tokenizer_corpus(rows), trainer)
+    tok.train_from_iterator(_tokenizer_corpus(rows, extra), trainer)
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
     return tok
 

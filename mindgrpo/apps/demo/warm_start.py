@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Iterator, List, Sequence
 
 import numpy as np
 
@@ -24,6 +24,18 @@ ADAM_BETA2 = 0.99
 # +0.03 to +0.11; at 0.20 it starts at 0.235 and seeds 0-2 gain +0.155 to +0.235 (tools/demo_seeds.py).
 TARGET_MATCH = 0.20
 MATCH_WINDOW = 10
+
+
+def shuffled_batches(count: int, seed: int) -> Iterator[np.ndarray]:
+    """BATCH_SIZE row indices of `count` rows at a time, epoch after epoch, each in a fresh random order (an epoch's
+    last rows open the next batch). The demos' warm starts all draw their batches so."""
+    rng = np.random.default_rng(seed)
+    order = np.zeros(0, np.int64)
+    while True:
+        if len(order) < BATCH_SIZE:
+            order = np.concatenate([order, rng.permutation(count)])
+        batch, order = order[:BATCH_SIZE], order[BATCH_SIZE:]
+        yield batch
 
 
 def warm_start(init_dir: Path, out_dir: Path, train: Sequence[dict], test: Sequence[dict], *, max_steps: int,
@@ -73,13 +85,8 @@ def warm_start(init_dir: Path, out_dir: Path, train: Sequence[dict], test: Seque
         return loss, exact_rows
 
     batches = encode(tok, train, with_answers=True)
-    rng = np.random.default_rng(seed)
-    order = np.zeros(0, np.int64)
     matches: List[float] = []
-    for step in range(1, max_steps + 1):
-        if len(order) < BATCH_SIZE:  # epochs in a fresh random order
-            order = np.concatenate([order, rng.permutation(len(train))])
-        batch, order = order[:BATCH_SIZE], order[BATCH_SIZE:]
+    for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(train), seed)):
         lr = learning_rate_at(schedule, step - 1, max_steps)
         loss, exact_rows = train_step(*(Tensor(array[batch]) for array in batches), *optimizer.hyper_tensors(lr))
         matches.append(float(exact_rows.asnumpy()) / BATCH_SIZE)

@@ -13,7 +13,8 @@ from typing import Dict, List
 
 import numpy as np
 
-from mindgrpo.apps.demo.warm_start import ADAM_BETA2, BATCH_SIZE, LEARNING_RATE, MATCH_WINDOW, WARMUP_STEPS
+from mindgrpo.apps.demo.warm_start import (ADAM_BETA2, BATCH_SIZE, LEARNING_RATE, MATCH_WINDOW, WARMUP_STEPS,
+                                           shuffled_batches)
 
 TARGET_MATCH = 0.45
 
@@ -88,14 +89,9 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
         optimizer(grads, step_size, eps, decay)
         return loss, exact_rows
 
-    rng = np.random.default_rng(seed)
-    order = np.zeros(0, np.int64)
     matches: List[float] = []
     step, loss = 0, None
-    for step in range(1, max_steps + 1):
-        if len(order) < BATCH_SIZE:
-            order = np.concatenate([order, rng.permutation(len(ids))])
-        batch, order = order[:BATCH_SIZE], order[BATCH_SIZE:]
+    for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(ids), seed)):
         lr = learning_rate_at(schedule, step - 1, max_steps)
         loss, exact_rows = train_step(Tensor(ids[batch]), Tensor(features[batch].reshape(-1, features.shape[2])),
                                       Tensor(answer_mask[batch]), *optimizer.hyper_tensors(lr))

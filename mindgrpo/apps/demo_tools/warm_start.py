@@ -1,0 +1,106 @@
+"""The tool demo's supervised warm start: the model sees both answer formats before GRPO does.
+
+Half the rows are prompts offering the calculator, answered by a call, the tool's response and `#### N`
+(:func:`~mindgrpo.apps.demo_tools.task.transcript`, the response out of the loss as in GRPO); half are prompts
+without tools, answered directly (`347 * 82 = 28454\\n#### 28454`). One model, so the runs with and without the
+tool start from the same weights and differ only in the prompts and the rollout. It stops once the tool rows'
+model tokens are all the model's top choice in TARGET_MATCH of them over the last batches (teacher-forced: the
+call copies the question's numbers, the answer the response's), leaving GRPO room to improve.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+from mindgrpo.apps.demo.warm_start import (ADAM_BETA2, BATCH_SIZE, LEARNING_RATE, MATCH_WINDOW, WARMUP_STEPS,
+                                           shuffled_batches)
+from mindgrpo.apps.demo_tools.task import direct, transcript
+
+TARGET_MATCH = 0.30
+
+
+def _pack(tok, prompts: Sequence[str], completions, length: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded ids, attention and loss mask [N, length] of prompts followed by (ids, model mask) completions."""
+    ids = np.full((len(prompts), length), tok.pad_token_id, np.int32)
+    attention = np.zeros_like(ids)
+    mask = np.zeros(ids.shape, np.float32)
+    for r, (prompt, (completion, model)) in enumerate(zip(prompts, completions)):
+        prompt_ids = tok.encode(prompt)
+        end = len(prompt_ids) + len(completion)
+        if end > length:
+            raise ValueError(f"warm-start row {r} is {end} tokens, more than the buffer's {length}: the demo's task "
+                             "changed without updating its buffer lengths")
+        ids[r, :end] = prompt_ids + completion
+        attention[r, :end] = 1
+        mask[r, len(prompt_ids):end] = model
+    return ids, attention, mask
+
+
+def encode(tok, tool_prompts: Sequence[str], plain_prompts: Sequence[str], rows: Sequence[dict],
+           lengths: Tuple[int, int]) -> Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, ...]]:
+    """The two halves of the warm start, each (ids, attention, loss mask) in its own buffer (the prompts without
+    tools are a tenth as long): the tool prompts with their transcripts [N, lengths[0]], the plain prompts with
+    their direct answers [N, lengths[1]]."""
+    return (_pack(tok, tool_prompts, [transcript(tok, row) for row in rows], lengths[0]),
+            _pack(tok, plain_prompts, [direct(tok, row) for row in rows], lengths[1]))
+
+
+def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: int) -> Dict[str, object]:
+    """Fine-tune the model in `init_dir` on `arrays` (from :func:`encode`), export it to `out_dir`; returns the
+    steps, time and the tool rows' final teacher-forced exact match."""
+    import mindspore as ms
+    from mindspore import Tensor, ops
+
+    from mindgrpo.config import LRScheduleConfig, OptimizerConfig
+    from mindgrpo.models import build_model, export_hf, read_hf_config
+    from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
+
+    start_time = time.perf_counter()
+    tool_rows, plain_rows = arrays
+    model = build_model(init_dir, role="actor")
+    tool_forward = model.full_sequence(tool_rows[0].shape[1])
+    plain_forward = model.full_sequence(plain_rows[0].shape[1])
+    config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
+    optimizer = AdamW(model.trainable_params(), config)
+    schedule = LRScheduleConfig(learning_rate=LEARNING_RATE, warmup_steps=WARMUP_STEPS)
+
+    def token_terms(forward, ids, attention, mask):
+        """(summed log-likelihood of the model tokens, rows whose every model token is the top choice)."""
+        logits = forward(ids, attention)[:, :-1]
+        targets, weights = ids[:, 1:], mask[:, 1:]
+        logp = ops.gather_elements(ops.log_softmax(logits, -1), 2, targets.expand_dims(-1)).squeeze(-1)
+        misses = (ops.cast(ops.not_equal(logits.argmax(-1), targets), ms.float32) * weights).sum(-1)
+        return (logp * weights).sum(), ops.cast(misses == 0, ms.float32).sum()
+
+    def loss_fn(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask):
+        tool_logp, exact_tool_rows = token_terms(tool_forward, tool_ids, tool_attention, tool_mask)
+        plain_logp, _ = token_terms(plain_forward, plain_ids, plain_attention, plain_mask)
+        return -(tool_logp + plain_logp) / (tool_mask.sum() + plain_mask.sum()), exact_tool_rows
+
+    grad_fn = ms.value_and_grad(loss_fn, None, optimizer.params, has_aux=True)
+
+    @ms.jit
+    def train_step(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask, step_size, eps,
+                   decay):
+        (loss, exact), grads = grad_fn(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask)
+        grads, _ = clip_by_global_norm(grads, config.max_grad_norm)
+        optimizer(grads, step_size, eps, decay)
+        return loss, exact
+
+    matches: List[float] = []
+    step, loss = 0, None
+    half = BATCH_SIZE // 2  # rows of each format per step; a row's two formats are drawn apart
+    for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(tool_rows[0]), seed)):
+        lr = learning_rate_at(schedule, step - 1, max_steps)
+        loss, exact = train_step(*(Tensor(a[batch[:half]]) for a in tool_rows),
+                                 *(Tensor(a[batch[half:]]) for a in plain_rows), *optimizer.hyper_tensors(lr))
+        matches.append(float(exact.asnumpy()) / half)
+        if len(matches) >= MATCH_WINDOW and np.mean(matches[-MATCH_WINDOW:]) >= TARGET_MATCH:
+            break
+    export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir)
+    return {"warm_start_steps_run": step, "warm_start_loss": round(float(loss.asnumpy()), 4),
+            "warm_start_seconds": round(time.perf_counter() - start_time, 1),
+            "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4)}
