@@ -36,30 +36,49 @@ def tool_prompts(tmp_path_factory, demo_plain):
                              tools=["calculator"])
 
 
-def config_for(out, dataset, model, **rl):
+def config_for(out, dataset, model, verifiers=("accuracy",), **rl):
+    rl = {"max_steps": 2, "save_ckpt_interval": 0, **rl}
     return small_run_config(out, dataset, model, max_prompt_length=PROMPT_LENGTH, seq_length=PROMPT_LENGTH + 128,
-                            max_tokens=128, verifiers=["accuracy"], mode="pynative", max_steps=2,
-                            save_ckpt_interval=0, **rl)
+                            max_tokens=128, verifiers=verifiers, mode="pynative", **rl)
 
 
-def test_a_run_with_tools_answers_calls_and_trains_on_the_models_tokens(tmp_path, tool_prompts, tool_model,
-                                                                         demo_plain, monkeypatch):
-    """Every model turn is read as a calculator call (the random demo model writes none), so each completion's
-    first turns are answered by the real tool workers, through the rollout engine, until max_tool_turns."""
-    from mindgrpo.data import PromptDataset
-    from mindgrpo.data.tokenizer import load_tokenizer
+def every_turn_calls(text):
+    """Every model turn read as a calculator call: the random demo model writes none."""
+    return [ToolCall("calculator", {"expression": "127 * 46"})]
+
+
+def train_with_tools(out, tool_prompts, tool_model, steps, resume=False):
     from mindgrpo.tools import turns
     from mindgrpo.train.trainer import GRPOTrainer
 
-    monkeypatch.setattr(turns, "parse_calls", lambda text: [ToolCall("calculator", {"expression": "127 * 46"})])
+    # a dense reward (the completion's length), so every step moves the weights and a resume that lost state shows
+    config = config_for(out, tool_prompts, tool_model, ["toy_verifiers:text_length"], tools=["calculator"],
+                        max_tool_turns=2, max_steps=steps, save_ckpt_interval=1, resume_training=resume)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turns, "parse_calls", every_turn_calls)
+        trainer = GRPOTrainer(config)
+        metrics = trainer.train()
+    return trainer, metrics
+
+
+@pytest.fixture(scope="module")
+def tool_run(tmp_path_factory, tool_prompts, tool_model):
+    """Two steps in which each completion's first turns are answered by the real tool workers, through the rollout
+    engine, until max_tool_turns."""
+    out = tmp_path_factory.mktemp("tool_run") / "run"
+    return out, *train_with_tools(out, tool_prompts, tool_model, 2)
+
+
+def test_a_run_with_tools_answers_calls_and_trains_on_the_models_tokens(tool_run, tool_prompts, demo_plain):
+    from mindgrpo.data import PromptDataset
+    from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.tools import resolve_tools
+
     tokenizer = load_tokenizer(demo_plain.model_dir)
     dataset = PromptDataset(tool_prompts)
     prompt = tokenizer.decode(dataset[0].prompt_ids, skip_special_tokens=False)
-    from mindgrpo.tools import resolve_tools
     assert prompt.startswith(system_turn([resolve_tools(["calculator"])[0].signature]))
-    config = config_for(tmp_path / "run", tool_prompts, tool_model, tools=["calculator"], max_tool_turns=2)
-    trainer = GRPOTrainer(config)
-    metrics = trainer.train()
+    out, trainer, metrics = tool_run
     rollouts = trainer.last_rollouts
     answer = tokenizer.encode(responses_text(["5842"]))
     tool = rollouts.tool_mask.astype(bool)
@@ -74,9 +93,29 @@ def test_a_run_with_tools_answers_calls_and_trains_on_the_models_tokens(tmp_path
     assert metrics["tools/calls_per_completion"] > 0 and metrics["tools/errors"] == 0
     assert metrics["tools/turns_per_completion"] > 1 and metrics["tools/response_tokens_per_completion"] > 0
     assert metrics["timing/tools"] > 0 and np.isfinite(metrics["actor/loss"])
-    records = [json.loads(line) for line in (tmp_path / "run" / "completions.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
     assert any("<tool_response>\n5842\n</tool_response>" in r["transcript"] for r in records)
     assert all("<tool_response>" not in r["completion"] for r in records)  # the verifiers read the model's text
+
+
+def test_a_run_with_tools_resumes_exactly(tool_run, tmp_path, tool_prompts, tool_model):
+    """Two steps straight, or one step, a checkpoint and a resumed second: the second step samples the same
+    completions (model tokens and tool answers), masks them alike and ends on the same weights."""
+    from safetensors.numpy import load_file
+
+    straight_dir, straight, _ = tool_run
+    train_with_tools(tmp_path / "split", tool_prompts, tool_model, 1)
+    resumed, _ = train_with_tools(tmp_path / "split", tool_prompts, tool_model, 2, resume=True)
+    assert resumed.step == 2 and straight.last_rollouts.tool_mask.any()
+    for field in ("completion_ids", "tool_mask", "loss_mask"):
+        np.testing.assert_array_equal(getattr(resumed.last_rollouts, field), getattr(straight.last_rollouts, field),
+                                      err_msg=field)
+    weights = [load_file(run / "checkpoints" / "step_00000002" / "model" / "model.safetensors")
+               for run in (straight_dir, tmp_path / "split")]
+    first = load_file(tmp_path / "split" / "checkpoints" / "step_00000001" / "model" / "model.safetensors")
+    assert max(np.abs(weights[0][name] - first[name]).max() for name in first) > 1e-4  # step 2 moved them
+    for name in weights[0]:
+        np.testing.assert_allclose(weights[1][name], weights[0][name], atol=1e-6, rtol=0, err_msg=name)
 
 
 def test_the_datas_tools_and_the_configs_must_agree(tmp_path, tool_prompts, demo_prompts, tool_model):
