@@ -38,7 +38,7 @@ from mindgrpo import _env
 from mindgrpo.ops.ascend import ASCEND_ONLY, vllm_installed
 
 MSRUN_DEFAULT_PORT = 8118  # msrun's own default --master_port
-PINNED = ("mindspore", "mindformers", "numpy")  # reported on their own lines; other requirements share one
+PINNED = ("mindspore", "numpy")  # reported on their own lines; other requirements share one
 # examples/grpo/main.py fills in the model and data of its embedded demo only when run without --config.
 DEMO = "; the embedded demo needs neither: python examples/grpo/main.py"
 _REPO = Path(mindgrpo.__file__).resolve().parents[1]
@@ -104,6 +104,54 @@ def check_versions() -> Iterator[Check]:
     fix = "pip install " + " ".join(f'"{t}"' for t in install_requires if Requirement(t).name not in PINNED)
     yield (Check("FAIL", "other requirements", "; ".join(others), fix) if others else
            Check("ok", "other requirements", f"{len(install_requires) - len(PINNED)} more as in {source}"))
+
+
+COMPAT_TABLE = Path(mindgrpo.__file__).resolve().parent / "compat.json"  # written by tools/compat.py
+
+
+def _version_or_none(name: str) -> Optional[str]:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _tested_rows(table: Path) -> List[dict]:
+    try:
+        return list(json.loads(table.read_text(encoding="utf-8"))["pairs"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def check_tested_pair(table: Path = COMPAT_TABLE) -> Check:
+    """The installed MindSpore and MindFormers against the pairs tools/compat.py ran (the README's "Tested with")."""
+    try:
+        found = (importlib.metadata.version("mindspore"), _version_or_none("mindformers"))
+    except importlib.metadata.PackageNotFoundError:
+        return Check("FAIL", "tested pair", "mindspore is not installed", "pip install -e .")
+    if found[1] is None:  # only the mindformers rollout backend needs it: judge MindSpore alone
+        tested = [row for row in _tested_rows(table) if row.get("passed") and row.get("mindspore") == found[0]]
+        return Check("ok" if tested else "warn", "tested pair",
+                     f"MindSpore {found[0]}{' passed tools/compat.py' if tested else ' is not among the tested pairs'};"
+                     " MindFormers is not installed (only generate_config.backend: mindformers needs it)",
+                     "" if tested else f"python tools/compat.py --pairs {found[0]}:<mindformers>")
+    pair = f"MindSpore {found[0]} + MindFormers {found[1]}"
+    try:
+        record = json.loads(table.read_text(encoding="utf-8"))
+        rows = {(row["mindspore"], row["mindformers"]): row for row in record["pairs"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return Check("warn", "tested pair", f"{pair}; no readable table of tested pairs at {table}",
+                     "python tools/compat.py --write-package-table")
+    row = rows.get(found)
+    tested = ", ".join(f"{ms}+{mf}" for (ms, mf), r in rows.items() if r.get("passed"))
+    if row is None:
+        return Check("warn", "tested pair", f"{pair} is not among the tested pairs ({tested})",
+                     f"install a tested pair, or check this one: python tools/compat.py --pairs {found[0]}:{found[1]}")
+    if not row.get("passed"):
+        return Check("warn", "tested pair", f"{pair} failed tools/compat.py on {record.get('date', '?')}",
+                     f"see the README's Tested with table; tested pairs: {tested}")
+    return Check("ok", "tested pair", f"{pair}: passed tools/compat.py on {record.get('date', '?')} "
+                                      f"({record.get('machine', '')})")
 
 
 def detect_device() -> Tuple[str, int]:
@@ -462,6 +510,7 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     if config_path is not None or overrides or flags:
         config = yield from check_config(config_path, overrides, flags)
     yield from check_versions()
+    yield check_tested_pair()
     device, count = detect_device()
     yield from check_device(device, count)
     if config is not None:

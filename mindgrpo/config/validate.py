@@ -7,6 +7,7 @@ count and the model's shape). The named choices come from :mod:`mindgrpo.algorit
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -246,6 +247,10 @@ def _layout_problems(config: GRPOConfig) -> List[str]:
     if tensor_parallel and backend == "mindformers":
         problems.append("generate_config.backend: mindformers cannot run on tensor-parallel slices (MindFormers' "
                         "generate() runs a whole model); use generate_config.backend: native")
+    if backend == "mindformers" and importlib.util.find_spec("mindformers") is None:
+        problems.append("generate_config.backend: mindformers needs MindFormers, which is not installed: pip install "
+                        '"mindgrpo[mindformers]" (on MindSpore 2.10: pip install --no-deps mindformers==1.9.0), or '
+                        "use generate_config.backend: native")
     return problems
 
 
