@@ -1,6 +1,6 @@
 """The tool demo as shipped (`mindgrpo train --demo tools`, examples/grpo/tool_demo.yaml): the tiny model, warm-started
 on 3-digit by 2-digit products in both answer formats, trained with GRPO with the calculator and, from the same
-weights and for the same budget, without it (`rl_config.tools=[]`: prompts without the tool block). For every seed
+weights and for the same budget, without it (`rl_config.tools=[]`: prompts without the tool block). For each seed
 the run with the tool ends clearly above the one without, and rises."""
 import os
 import re
@@ -9,13 +9,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
-SEEDS = (0, 1)
 WINDOW = 10  # steps per window: the first and the last of the run
-# Measured on an AMD EPYC (Zen 3), 2 cores: FIGURES
+# Measured on an AMD EPYC (Zen 3), 2 cores, sampled accuracy of the first -> last 10 steps: with the calculator seed 0
+# 0.084 -> 0.400, seed 1 0.084 -> 0.294; without it 0.000 at every step for both (tools/demo_seeds.py --configs tools
+# notools --seeds 0 1). MIN_MARGIN and MIN_RISE are 0.09 under the smaller seed's margin (0.294) and rise (0.210).
 MIN_MARGIN = 0.2
 MIN_RISE = 0.12
 
@@ -34,25 +36,33 @@ def window(rows, which: slice) -> float:
     return float(np.mean([r["grpo/rewards/accuracy_reward"] for r in rows[which]]))
 
 
+def check_seed(tmp_path: Path, seed: int) -> None:
+    with_tools, out = run(tmp_path, seed)
+    without, _ = run(tmp_path, seed, "rl_config.tools=[]")
+    last_with, last_without = window(with_tools, slice(-WINDOW, None)), window(without, slice(-WINDOW, None))
+    assert last_with - last_without >= MIN_MARGIN, (seed, last_with, last_without)
+    assert last_with - window(with_tools, slice(WINDOW)) >= MIN_RISE, (seed, with_tools)
+    # the model called the calculator, and the run without it never did
+    assert np.mean([r["tools/calls_per_completion"] for r in with_tools[-WINDOW:]]) >= 0.9
+    assert all("tools/calls_per_completion" not in r for r in without)
+    assert '"transcript"' in (out / "completions.jsonl").read_text(encoding="utf-8")
+
+
 def test_tool_demo_beats_the_same_budget_without_tools(tmp_path):
-    for seed in SEEDS:
-        with_tools, out = run(tmp_path, seed)
-        without, _ = run(tmp_path, seed, "rl_config.tools=[]")
-        last_with, last_without = window(with_tools, slice(-WINDOW, None)), window(without, slice(-WINDOW, None))
-        assert last_with - last_without >= MIN_MARGIN, (seed, last_with, last_without)
-        assert last_with - window(with_tools, slice(WINDOW)) >= MIN_RISE, (seed, with_tools)
-        # the model called the calculator, and the run without it never did
-        assert np.mean([r["tools/calls_per_completion"] for r in with_tools[-WINDOW:]]) >= 0.9
-        assert all("tools/calls_per_completion" not in r for r in without)
-        assert '"transcript"' in (out / "completions.jsonl").read_text(encoding="utf-8")
+    """Seed 0 as shipped. The tool demo's warm start (about 3 minutes here, then cached) and four runs made this the
+    suite's longest test and put the suite over its 25 minutes, so the second seed is `slow` (below)."""
+    check_seed(tmp_path, 0)
+
+
+@pytest.mark.slow
+def test_tool_demo_beats_the_same_budget_without_tools_seed_1(tmp_path):
+    check_seed(tmp_path, 1)
 
 
 def test_tool_demo_folder_is_built_once_and_its_transcripts_are_rollouts(tmp_path):
     """The folder (no warm start here): built aside and stamped, found again without rebuilding, a foreign folder
     refused; each transcript is the tokens a rollout holds (the model's turns and the tool's response, each
     tokenised on its own), masked as the loss masks it; a tool prompt is whole words."""
-    import pytest
-
     from mindgrpo.apps import demo_tools
     from mindgrpo.apps.demo_tools.task import call_text, final_text, gold, transcript
     from mindgrpo.data.templates import render_tool_prompt
