@@ -48,12 +48,16 @@ def check_seed(tmp_path: Path, seed: int) -> None:
     assert '"transcript"' in (out / "completions.jsonl").read_text(encoding="utf-8")
 
 
+def test_tool_demo_beats_the_same_budget_without_tools(tmp_path):
+    """Seed 0 as shipped, in the default suite: the README's claim that the tool demo learns."""
+    check_seed(tmp_path, 0)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
-def test_tool_demo_beats_the_same_budget_without_tools(tmp_path, seed):
-    """`slow`: the tool demo's warm start (about 3 minutes here, then cached) and two runs per seed made it the suite's
-    longest test, 7.7 minutes for seed 0 beside the other worker, and put the suite at 28 minutes against its 25."""
-    check_seed(tmp_path, seed)
+def test_tool_demo_beats_the_same_budget_without_tools_seed_1(tmp_path):
+    """The second seed: the warm start (about 3 minutes here, then cached) and two runs per seed made the test the
+    suite's longest (7.7 minutes for seed 0 beside the other worker), so only seed 0 runs by default."""
+    check_seed(tmp_path, 1)
 
 
 def test_tool_demo_folder_is_built_once_and_its_transcripts_are_rollouts(tmp_path):
