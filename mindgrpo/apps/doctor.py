@@ -116,11 +116,16 @@ def _version_or_none(name: str) -> Optional[str]:
         return None
 
 
-def _tested_rows(table: Path) -> List[dict]:
+def _read_table(table: Path) -> Optional[dict]:
+    """tools/compat.py's record, or None when it cannot be read (every row names its pair)."""
     try:
-        return list(json.loads(table.read_text(encoding="utf-8"))["pairs"])
+        record = json.loads(table.read_text(encoding="utf-8"))
+        record["pairs"] = [dict(row) for row in record["pairs"]]
+        for row in record["pairs"]:
+            row["mindspore"], row["mindformers"]
+        return record
     except (OSError, ValueError, KeyError, TypeError):
-        return []
+        return None
 
 
 def check_tested_pair(table: Path = COMPAT_TABLE) -> Check:
@@ -129,19 +134,19 @@ def check_tested_pair(table: Path = COMPAT_TABLE) -> Check:
         found = (importlib.metadata.version("mindspore"), _version_or_none("mindformers"))
     except importlib.metadata.PackageNotFoundError:
         return Check("FAIL", "tested pair", "mindspore is not installed", "pip install -e .")
+    record = _read_table(table)
     if found[1] is None:  # only the mindformers rollout backend needs it: judge MindSpore alone
-        tested = [row for row in _tested_rows(table) if row.get("passed") and row.get("mindspore") == found[0]]
+        tested = [row for row in (record["pairs"] if record else [])
+                  if row.get("passed") and row["mindspore"] == found[0]]
         return Check("ok" if tested else "warn", "tested pair",
                      f"MindSpore {found[0]}{' passed tools/compat.py' if tested else ' is not among the tested pairs'};"
                      " MindFormers is not installed (only generate_config.backend: mindformers needs it)",
                      "" if tested else f"python tools/compat.py --pairs {found[0]}:<mindformers>")
     pair = f"MindSpore {found[0]} + MindFormers {found[1]}"
-    try:
-        record = json.loads(table.read_text(encoding="utf-8"))
-        rows = {(row["mindspore"], row["mindformers"]): row for row in record["pairs"]}
-    except (OSError, ValueError, KeyError, TypeError):
+    if record is None:
         return Check("warn", "tested pair", f"{pair}; no readable table of tested pairs at {table}",
                      "python tools/compat.py --write-package-table")
+    rows = {(row["mindspore"], row["mindformers"]): row for row in record["pairs"]}
     row = rows.get(found)
     tested = ", ".join(f"{ms}+{mf}" for (ms, mf), r in rows.items() if r.get("passed"))
     if row is None:
