@@ -18,13 +18,13 @@ from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before they load)
 from mindgrpo.apps.chat import ChatSession, ChatSettings
+from mindgrpo.apps.model_source import add_model_arguments
 
 
 def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo chat") -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hugging Face folder, LoRA adapter folder (PEFT's), mindgrpo run folder, "
-                                      "checkpoints/ folder or step_N folder")
+    add_model_arguments(parser)
     parser.add_argument("--prompt", help="answer this one message and exit (no terminal needed)")
     parser.add_argument("--image", help="a picture for the first message (Qwen2.5-VL models)")
     parser.add_argument("--system", help="the system prompt (default: the chat template's own)")
@@ -34,11 +34,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
     parser.add_argument("--max-context", type=int, default=4096,
                         help="tokens of conversation and answer the engine holds (default 4096)")
     parser.add_argument("--seed", type=int, help="sampling seed (default: a fresh one)")
-    parser.add_argument("--tokenizer", help="tokenizer folder, when MODEL has none (the base model folder)")
-    parser.add_argument("--base", help="the base model folder of a LoRA adapter MODEL (default: the base its "
-                                       "adapter_config.json names)")
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="compute dtype (float32 on CPU)")
     return parser.parse_args(argv)
 
 

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before they load)
 from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path
+from mindgrpo.apps.model_source import add_model_arguments
 from mindgrpo.data import PROMPT_TEMPLATES, READERS
 from mindgrpo.data.readers import IMAGE_DATASETS
 
@@ -32,13 +33,9 @@ from mindgrpo.data.readers import IMAGE_DATASETS
 def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo eval") -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("model", help="Hugging Face folder, LoRA adapter folder (PEFT's), mindgrpo run folder, "
-                                      "checkpoints/ folder or step_N folder")
+    add_model_arguments(parser)
     parser.add_argument("data", help="GSM8K-format jsonl, e.g. gsm8k/test.jsonl")
     parser.add_argument("--output", help="per-problem results (jsonl); default: eval_<DATA name>.jsonl here")
-    parser.add_argument("--tokenizer", help="tokenizer folder, when MODEL has none (the base model folder)")
-    parser.add_argument("--base", help="the base model folder of a LoRA adapter MODEL (default: the base its "
-                                       "adapter_config.json names)")
     parser.add_argument("--template", choices=sorted(PROMPT_TEMPLATES),
                         help="prompt template; default: the run's training template, else gsm8k_hash")
     parser.add_argument("--dataset-type", default="gsm8k", choices=sorted(set(READERS) - IMAGE_DATASETS),
@@ -52,8 +49,6 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for --samples")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
-                        help="compute dtype (float32 on CPU)")
     parser.add_argument("--tools", nargs="*", metavar="TOOL",
                         help="tools the prompts offer and the rollouts answer (calculator, python, "
                              "package.module:function); default: the run's rl_config.tools; --tools alone: none")

@@ -16,6 +16,18 @@ PathLike = Union[str, os.PathLike]
 _TOKENIZER_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 
 
+def add_model_arguments(parser) -> None:
+    """The arguments of a command that takes a model (``mindgrpo eval``, ``mindgrpo chat``): MODEL as
+    :func:`resolve_model` reads it, its ``--tokenizer`` and ``--base``, and the compute ``--dtype``."""
+    parser.add_argument("model", help="Hugging Face folder, LoRA adapter folder (PEFT's), mindgrpo run folder, "
+                                      "checkpoints/ folder or step_N folder")
+    parser.add_argument("--tokenizer", help="tokenizer folder, when MODEL has none (the base model folder)")
+    parser.add_argument("--base", help="the base model folder of a LoRA adapter MODEL (default: the base its "
+                                       "adapter_config.json names)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                        help="compute dtype (float32 on CPU)")
+
+
 class ModelSourceError(ValueError):
     """The model folder cannot be used; the message says which path or flag to fix."""
 
