@@ -1,6 +1,6 @@
 """How the demos write their files (JSON indented with sorted keys, JSON Lines rows; UTF-8) and fingerprint them
 for their stamps (SHA-256). Plain writes: a whole demo folder is built aside and renamed into place (`publish`),
-one builder at a time (`build_lock`)."""
+one builder at a time (`build_lock`, `build_aside`)."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +11,10 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence, TypeVar
+
+
+T = TypeVar("T")
 
 
 def write_json(path: Path, value: object) -> None:
@@ -37,6 +40,21 @@ def publish(tmp: Path, root: Path) -> None:
             shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, root)
+
+
+def build_aside(root: Path, build: Callable[[Path], T]) -> T:
+    """`build(tmp)` in a new temporary sibling folder of `root`, which then replaces `root` (`publish`); on any
+    failure the temporary folder is removed and `root` is left as it was. Returns what `build` returns."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
+    try:
+        tmp.chmod(0o755)  # mkdtemp makes it private; the published folder is an ordinary one
+        result = build(tmp)
+        publish(tmp, root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
 
 
 @contextlib.contextmanager

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
-from mindgrpo.apps.demo._files import build_lock, file_sha256, publish, write_json, write_jsonl
+from mindgrpo.apps.demo._files import build_aside, build_lock, file_sha256, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.problems import make_problems
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
@@ -99,17 +98,13 @@ def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAU
         if root.exists() and (not root.is_dir() or (any(root.iterdir()) and _read_stamp(root) is None)):
             raise FileExistsError(f"{root} exists and is not a mindgrpo demo folder (no {STAMP}); pass an empty or "
                                   "new folder to make_demo, or delete this one")
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-        try:
-            tmp.chmod(0o755)  # mkdtemp makes it private; the published folder is an ordinary one
+        def build(tmp: Path) -> Dict[str, object]:
             facts = _build(tmp, seed, warm_start_steps)
             files = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
             write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
-            publish(tmp, root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            return facts
+
+        facts = build_aside(root, build)
     return DemoAssets(root, *_asset_paths(root), facts)
 
 

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Union
 
-from mindgrpo.apps.demo._files import build_lock, publish, write_json, write_jsonl
+from mindgrpo.apps.demo._files import build_aside, build_lock, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 from mindgrpo.apps.demo_tools.task import corpus, make_problems
@@ -76,16 +75,12 @@ def make_tool_demo(out_dir: Union[str, Path], *, seed: int = 0,
         if root.exists() and any(root.iterdir()) and stamp.get("format") != STAMP_FORMAT:
             raise FileExistsError(f"{root} exists and is not a mindgrpo tool demo folder (no {STAMP}); pass an "
                                   "empty or new folder, or delete this one")
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp-", dir=root.parent))
-        try:
-            tmp.chmod(0o755)
+        def build(tmp: Path) -> Dict[str, object]:
             facts = _build(tmp, seed, warm_start_steps)
             write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "facts": facts})
-            publish(tmp, root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            return facts
+
+        facts = build_aside(root, build)
     return ToolDemo.at(root, facts)
 
 
