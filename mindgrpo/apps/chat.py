@@ -145,14 +145,8 @@ class _Vision:
                                           vision_start_token_id=spec.vision_start_token_id,
                                           spatial_merge_size=spec.spatial_merge_size, hidden_size=spec.hidden_size)
 
-    def _pixels(self, images: List[Any]):
-        from mindgrpo.data.dataset import PromptImagePixels
-        from mindgrpo.data.images import preprocess_images
-
-        return PromptImagePixels(*preprocess_images(images, self.config)) if images else None
-
     def prompt_ids(self, tokenizer: Any, messages: List[Dict[str, Any]], images: List[Any]) -> List[int]:
-        from mindgrpo.data.images import image_token_count
+        from mindgrpo.data.images import image_grid_thw, image_token_count
         from mindgrpo.data.templates import IMAGE_PAD, QWEN25_VL_CHAT_TEMPLATE
         from mindgrpo.data.tokenizer import compile_chat_template
 
@@ -160,13 +154,17 @@ class _Vision:
         pieces = text.split(IMAGE_PAD)
         if len(pieces) - 1 != len(images):
             raise ChatError(f"a message spells {IMAGE_PAD!r}, which only an --image may produce")
-        pixels = self._pixels(images)
-        counts = [] if pixels is None else [image_token_count(grid, self.config.merge_size)
-                                            for grid in pixels.image_grid_thw]
+        # a picture's token count follows from its size alone: its pixels are processed once, by prompt_images
+        counts = [image_token_count(image_grid_thw(image.height, image.width, self.config), self.config.merge_size)
+                  for image in images]
         return tokenizer.encode(pieces[0] + "".join(IMAGE_PAD * n + rest for n, rest in zip(counts, pieces[1:])))
 
     def prompt_images(self, images: List[Any]):
-        return self.prompt_vision.embed([self._pixels(images)])[0]
+        from mindgrpo.data.dataset import PromptImagePixels
+        from mindgrpo.data.images import preprocess_images
+
+        pixels = PromptImagePixels(*preprocess_images(images, self.config)) if images else None
+        return self.prompt_vision.embed([pixels])[0]
 
 
 __all__ = ["ChatError", "ChatSession", "ChatSettings", "ModelSourceError"]
