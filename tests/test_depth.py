@@ -10,8 +10,8 @@ A compiled loop over every parameter unrolls into nested calls, and MindSpore st
   GRAPH mode at this depth is the 2 x 2 msrun twin's (``tests/test_tensor_parallel.py``: the same layer code;
   compiling the 28-layer graphs again here would add minutes to the default suite);
 * Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
-  over all of its parameters, against numpy; and (slow: a 64-layer forward and backward take minutes to compile)
-  one GRPO step.
+  over all of its parameters, with float32 and with bf16 weights, against numpy; and (slow: a 64-layer forward
+  and backward take minutes to compile) one GRPO step.
 """
 import sys
 from pathlib import Path
@@ -98,12 +98,15 @@ _square_sum = ops.MultitypeFuncGraph("square_sum")
 
 @_square_sum.register("Tensor")
 def _square_sum_of(param):
-    return (param * param).sum()
+    """In float32 (CPU has no bf16 AddN): the gradient reaching a bf16 weight is its dtype's, as a model's is."""
+    value = param.astype(ms.float32)
+    return (value * value).sum()
 
 
 class SquaresLoss(nn.Cell):
-    """A loss over every parameter, ``scale * sum(p^2)``, whose gradient ``2 * scale * p`` is known exactly: the
-    update graphs' numbers are checked against numpy without compiling a 64-layer forward."""
+    """A loss over every parameter, ``scale * sum(p^2)``, whose gradient ``2 * scale * p`` is known exactly (also in
+    bf16, for scale 1/4: a power of two times a bf16 value): the update graphs' numbers are checked against numpy
+    without compiling a 64-layer forward."""
 
     def __init__(self, params):
         super().__init__(auto_prefix=False)
@@ -114,22 +117,28 @@ class SquaresLoss(nn.Cell):
         return loss, loss, loss, loss  # the update graph's (loss, metrics, entropy, rollout gap)
 
 
-def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
+@pytest.mark.parametrize("param_dtype", ["float32", "bfloat16"])
+def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain, param_dtype):
     """The three update graphs over every parameter of a 64-layer model (771 tensors, each of which an unrolled
-    loop would visit) in GRAPH mode: gradient accumulation, global-norm clipping and the AdamW step, against numpy."""
+    loop would visit) in GRAPH mode: gradient accumulation, global-norm clipping and the AdamW step, against numpy.
+    With bf16 weights (``actor_config.param_dtype``) as the trainer builds them: float32 gradient buffers, the
+    optimizer's 771 fp32 masters stepped, then the bf16 weights written from them."""
     from mindgrpo.config import OptimizerConfig
     from mindgrpo.models import build_model
     from mindgrpo.parallel.groups import DistInfo
     from mindgrpo.train.optim import AdamW
-    from mindgrpo.train.step_graphs import AccumulateGradients, ApplyGradients, ReduceAndClip
+    from mindgrpo.train.step_graphs import AccumulateGradients, ApplyGradients, ReduceAndClip, gradient_buffers
 
     ms.set_context(mode=ms.GRAPH_MODE)
-    model = build_model(make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B))
+    model = build_model(make_skinny_qwen2(tmp_path / "skinny_32b", demo_plain.model_dir, **QWEN2_5_32B),
+                        param_dtype=param_dtype)
     params = model.trainable_params()
     assert len(params) == 64 * 12 + 3  # every layer's 12 tensors, the final norm, embedding and lm_head
-    before = [p.asnumpy().astype(np.float64) for p in params]
-    accumulators = ParameterTuple(params).clone(prefix="grad_accum", init="zeros")
+    assert {p.dtype for p in params if "norm" not in p.name} == {getattr(ms, param_dtype)}
+    before = [p.astype(ms.float32).asnumpy().astype(np.float64) for p in params]
+    accumulators = gradient_buffers(params, "float32")
     optimizer = AdamW(params, OptimizerConfig(max_grad_norm=1.0))
+    assert len(optimizer.master) == (len(params) if param_dtype == "bfloat16" else 0)
     accumulate = AccumulateGradients(SquaresLoss(params), params, accumulators)
     for _ in range(2):  # two micro-batches through the one compiled graph: the accumulators add up
         accumulate(Tensor(0.25, ms.float32))
@@ -141,11 +150,16 @@ def test_qwen2_5_32b_depth_update_graphs_compile_and_step(tmp_path, demo_plain):
     for acc, g in zip(list(accumulators)[::97], grads[::97]):
         np.testing.assert_allclose(acc.asnumpy(), g * scale, rtol=1e-5, atol=1e-8, err_msg=acc.name)
     ApplyGradients(accumulators, optimizer)(*optimizer.hyper_tensors(1e-3))
+    optimizer.publish()
     assert all(not acc.asnumpy().any() for acc in accumulators)  # reset for the next step
-    # AdamW's first step (no weight decay) moves an entry by lr * |g| / (|g| + eps): lr, but for the tiniest entries
-    for p, old in zip(params[::97], before[::97]):
-        step = np.abs(p.asnumpy() - old)
+    # AdamW's first step (no weight decay) moves an entry by lr * |g| / (|g| + eps): lr, but for the tiniest entries.
+    # Under mixed precision that is the fp32 master's step, and each bf16 weight is its master rounded.
+    stepped = list(optimizer.master) if param_dtype == "bfloat16" else params
+    for p, master, old in zip(params[::97], stepped[::97], before[::97]):
+        step = np.abs(master.asnumpy() - old)
         assert np.all(step <= 1.0001e-3) and np.median(step) == pytest.approx(1e-3, rel=1e-3), p.name
+        np.testing.assert_array_equal(p.astype(ms.float32).asnumpy(),
+                                      master.astype(p.dtype).astype(ms.float32).asnumpy(), err_msg=p.name)
 
 
 @pytest.mark.slow
