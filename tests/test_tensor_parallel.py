@@ -6,7 +6,7 @@
   full model's, and greedy and sampled rollouts give the same tokens, in PyNative and GRAPH;
 * (the trainer under tensor parallelism, its checkpoints, resharded resume and export:
   tests/test_data_tensor_parallel.py, at data_parallel 2 x model_parallel 2, against one process);
-* examples/grpo/grpo_qwen2_5_7b.yaml trains on its CPU twin (Qwen2.5-7B's depth and vocabulary) at
+* examples/grpo/grpo_qwen2_5_7b.yaml trains on its CPU twin (Qwen2.5-7B's depth and vocabulary, bf16 weights) at
   model_parallel 2 (2 workers), and (slow) at its own 2 x 4 layout.
 """
 import json
@@ -151,8 +151,9 @@ def test_tp2_logprobs_gradients_and_rollouts_equal_one_rank(tmp_path):
 
 def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int) -> Path:
     """examples/grpo/grpo_qwen2_5_7b.yaml itself under msrun with ``dp x mp`` workers, on its CPU twin: a skinny
-    model with Qwen2.5-7B's depth, heads and untied vocabulary (``tiny_qwen.make_skinny_qwen2``), float32, the demo's
-    short prompts, 12-token completions, 2 steps, a checkpoint after step 2. Every key is the recipe's but those
+    model with Qwen2.5-7B's depth, heads and untied vocabulary (``tiny_qwen.make_skinny_qwen2``), with bf16 weights
+    (``actor_config.param_dtype``: the fp32 masters in the optimizer, the reference in bf16; the matmuls in float32,
+    CPU's only), the demo's short prompts, 12-token completions, 2 steps, a checkpoint after step 2. Every key is the recipe's but those
     and the reward: a random model never answers a GSM8K problem, so the recipe's accuracy reward would give no
     advantage and a zero gradient; the completion's length gives every step a real one. Returns the run folder."""
     model = make_skinny_qwen2(tmp_path / "skinny_7b", demo.model_dir, **QWEN2_5_7B)
@@ -162,6 +163,7 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int)
         "rl_config.max_prompt_length=64", "rl_config.seq_length=80", "rl_config.max_steps=2",
         "rl_config.save_ckpt_interval=2", "rl_config.save_prompt_completions_interval=1",
         f"actor_config.load={model}", "actor_config.compute_dtype=float32", "ref_config.compute_dtype=float32",
+        "actor_config.param_dtype=bfloat16",
         "generate_config.sampling_config.max_tokens=12", "generate_config.max_model_len=80",
         "reward_config.verifier_function=[toy_verifiers:text_length]", "reward_config.verifier_weight=[1.0]",
     ]
@@ -177,6 +179,13 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int)
     assert all(np.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in rows), rows
     layout = json.loads((run / "checkpoints" / "step_00000002" / "optimizer" / "layout.json").read_text())
     assert (layout["tp"], layout["dp"]) == (mp, dp)
+    exported = json.loads((run / "checkpoints" / "step_00000002" / "model" / "config.json").read_text())
+    assert exported["torch_dtype"] == "bfloat16"  # the bf16 working weights, exported as they are
+    from safetensors.numpy import load_file
+
+    for shard in sorted((run / "checkpoints" / "step_00000002" / "optimizer").glob("rank_*.safetensors")):
+        # each rank's fp32 masters of its slices, beside its moments: 28 layers x 12 tensors + 3
+        assert sum(key.startswith("master.") for key in load_file(shard)) == 28 * 12 + 3, shard
     return run
 
 
