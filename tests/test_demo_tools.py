@@ -16,10 +16,11 @@ from mindgrpo.train.metrics import read_metrics
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 10  # steps per window: the first and the last of the run
 # Measured on an AMD EPYC (Zen 3), 2 cores, sampled accuracy of the first -> last 10 steps: with the calculator seed 0
-# 0.084 -> 0.400, seed 1 0.084 -> 0.294; without it 0.000 at every step for both (tools/demo_seeds.py --configs tools
-# notools --seeds 0 1). MIN_MARGIN and MIN_RISE are 0.09 under the smaller seed's margin (0.294) and rise (0.210).
-MIN_MARGIN = 0.2
-MIN_RISE = 0.12
+# 0.227 -> 0.689, seed 1 0.194 -> 0.642; without it 0.000 -> 0.002 and 0.000 -> 0.000 (tools/demo_seeds.py --configs
+# tools notools --seeds 0 1). MIN_MARGIN and MIN_RISE are about 0.15 under the smaller seed's margin (0.640) and
+# rise (0.448): sampling differs between machines.
+MIN_MARGIN = 0.45
+MIN_RISE = 0.3
 
 
 def run(tmp_path: Path, seed: int, *overrides: str):
@@ -55,20 +56,24 @@ def test_tool_demo_beats_the_same_budget_without_tools(tmp_path):
 
 @pytest.mark.slow
 def test_tool_demo_beats_the_same_budget_without_tools_seed_1(tmp_path):
-    """The second seed: the warm start (about 3 minutes here, then cached) and two runs per seed made the test the
-    suite's longest (7.7 minutes for seed 0 beside the other worker), so only seed 0 runs by default."""
+    """The second seed: the warm start (1.5 minutes here, then cached) and two runs per seed make the test one of the
+    suite's longest, so only seed 0 runs by default."""
     check_seed(tmp_path, 1)
 
 
 def test_tool_demo_folder_is_built_once_and_its_transcripts_are_rollouts(tmp_path):
     """The folder (no warm start here): built aside and stamped, found again without rebuilding, a foreign folder
     refused; each transcript is the tokens a rollout holds (the model's turns and the tool's response, each
-    tokenised on its own), masked as the loss masks it; a tool prompt is whole words."""
+    tokenised on its own), masked as the loss masks it; a tool prompt is whole words; the warm start's rows are the
+    whole prompt's tokens."""
     from mindgrpo.apps import demo_tools
     from mindgrpo.apps.demo_tools.task import call_text, final_text, gold, transcript
+    from mindgrpo.apps.demo_tools.warm_start import encode
+    from mindgrpo.data import render_prompt
     from mindgrpo.data.templates import render_tool_prompt
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.tools import resolve_tools, responses_text
+    from mindgrpo.tools.format import system_turn
 
     built = demo_tools.make_tool_demo(tmp_path / "demo", warm_start_steps=0)
     stamp = (built.root / demo_tools.STAMP).stat().st_mtime_ns
@@ -88,6 +93,16 @@ def test_tool_demo_folder_is_built_once_and_its_transcripts_are_rollouts(tmp_pat
     assert model_text == call_text(row) + "<|im_end|>" + final_text(row) + "<|im_end|>"
     assert tok.decode([t for t, m in zip(ids, mask) if not m], skip_special_tokens=False) == \
         responses_text([gold(row)])
-    prompt = render_tool_prompt(demo_tools.PROMPT_TEMPLATE, row["question"],
-                                [t.signature for t in resolve_tools(demo_tools.TOOLS)])
+    signatures = [t.signature for t in resolve_tools(demo_tools.TOOLS)]
+    prompt = render_tool_prompt(demo_tools.PROMPT_TEMPLATE, row["question"], signatures)
     assert len(tok.encode(prompt)) < 240  # ~950 characters; byte-level pieces would be ~600 tokens
+
+    # the warm start's tool rows (the system turn once, then each row's own tokens) are the whole prompt's tokens
+    rows = [row, {"question": "Compute 120 * 15?", "answer": "120 * 15 = 1800\n#### 1800"}]
+    prompts = [render_prompt(demo_tools.PROMPT_TEMPLATE, r["question"]) for r in rows]
+    (system, ids, mask), _ = encode(tok, system_turn(signatures), prompts, rows, demo_tools.BUFFER_LENGTHS)
+    for r, one in enumerate(rows):
+        completion, model = transcript(tok, one)
+        whole = tok.encode(render_tool_prompt(demo_tools.PROMPT_TEMPLATE, one["question"], signatures)) + completion
+        assert list(system[0]) + list(ids[r, :len(whole) - system.shape[1]]) == whole
+        assert mask[r].sum() == sum(model) and mask[r, len(whole) - system.shape[1] - 1] == 1

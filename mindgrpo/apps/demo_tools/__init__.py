@@ -34,7 +34,7 @@ DEFAULT_WARM_START_STEPS = 600  # an upper bound: the warm start stops at warm_s
 
 
 STAMP, STAMP_FORMAT = "demo.json", "mindgrpo-tool-demo"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: the warm start computes the tool rows' system turn once
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     from mindgrpo.data.templates import render_tool_prompt
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.tools import resolve_tools
+    from mindgrpo.tools.format import system_turn
 
     init_dir, model_dir = root / "init", root / "model"
     init_dir.mkdir()
@@ -101,6 +102,10 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     signatures = [tool.signature for tool in resolve_tools(TOOLS)]
     tool_prompts = [render_tool_prompt(PROMPT_TEMPLATE, row["question"], signatures) for row in train]
     plain_prompts = [render_prompt(PROMPT_TEMPLATE, row["question"]) for row in train]
+    system = system_turn(signatures)
+    if any(tool != system + plain for tool, plain in zip(tool_prompts, plain_prompts)):
+        # the warm start trains on the system turn and each prompt apart: together they must be the rollout's prompt
+        raise RuntimeError("a tool prompt is not the system turn followed by the prompt without tools")
     # the tool block once per 8 rows weighs its words as the rows' own: each becomes one token
     tok = train_tokenizer(train, extra=corpus(train) + tool_prompts[::8])
     ids = write_tokenizer(tok, init_dir)
@@ -113,7 +118,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     save_file(weights, str(init_dir / "model.safetensors"), metadata={"format": "pt"})
     facts: Dict[str, object] = {"vocab_size": config["vocab_size"], "num_train": len(train), "num_test": len(test)}
     if warm_start_steps:
-        arrays = encode(load_tokenizer(init_dir), tool_prompts, plain_prompts, train, BUFFER_LENGTHS)
+        arrays = encode(load_tokenizer(init_dir), system, plain_prompts, train, BUFFER_LENGTHS)
         facts.update(warm_start(init_dir, model_dir, arrays, max_steps=warm_start_steps, seed=seed))
         shutil.rmtree(init_dir)
     else:
@@ -121,5 +126,6 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     return facts
 
 
-# the longest tool prompt (221 tokens) with its transcript (59), the longest plain prompt (22) with its answer (18)
-BUFFER_LENGTHS = (288, 48)  # checked by warm_start.encode
+# after the system turn (199 tokens), the longest prompt with its transcript (81 tokens); the longest prompt (22)
+# with its answer (18)
+BUFFER_LENGTHS = (88, 48)  # checked by warm_start.encode

@@ -39,13 +39,24 @@ def _pack(tok, prompts: Sequence[str], completions, length: int) -> Tuple[np.nda
     return ids, attention, mask
 
 
-def encode(tok, tool_prompts: Sequence[str], plain_prompts: Sequence[str], rows: Sequence[dict],
-           lengths: Tuple[int, int]) -> Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, ...]]:
-    """The two halves of the warm start, each (ids, attention, loss mask) in its own buffer (the prompts without
-    tools are a tenth as long): the tool prompts with their transcripts [N, lengths[0]], the plain prompts with
-    their direct answers [N, lengths[1]]."""
-    return (_pack(tok, tool_prompts, [transcript(tok, row) for row in rows], lengths[0]),
-            _pack(tok, plain_prompts, [direct(tok, row) for row in rows], lengths[1]))
+def encode(tok, system: str, prompts: Sequence[str], rows: Sequence[dict], lengths: Tuple[int, int]
+           ) -> Tuple[Tuple[np.ndarray, ...], Tuple[np.ndarray, ...]]:
+    """The two halves of the warm start: each row's prompt (its user turn, `prompts`) with the system turn listing
+    the calculator (`system`) before it and its transcript after, and without them with its direct answer.
+
+    The tool rows all begin with the system turn (199 tokens against at most 81 of their own), so it is computed
+    once per batch (the shared-prompt forward, as GRPO scores a group): the system turn's ids ``[1, P]``, then the
+    rows' user turns and transcripts, right-padded to ``[N, lengths[0]]``, with their loss mask. Each tool row is
+    exactly the tokens of its whole prompt (checked). The rows without tools are (ids, attention, loss mask)
+    ``[N, lengths[1]]``."""
+    prefix = tok.encode(system)
+    for r, prompt in enumerate(prompts):
+        if tok.encode(system + prompt) != prefix + tok.encode(prompt):
+            raise ValueError(f"warm-start row {r}: its system turn and user turn tokenise differently apart than "
+                             "together")
+    ids, _, mask = _pack(tok, prompts, [transcript(tok, row) for row in rows], lengths[0])
+    return ((np.array([prefix], np.int32), ids, mask),
+            _pack(tok, prompts, [direct(tok, row) for row in rows], lengths[1]))
 
 
 def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: int) -> Dict[str, object]:
@@ -59,40 +70,41 @@ def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: i
     from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
 
     start_time = time.perf_counter()
-    tool_rows, plain_rows = arrays
+    (system_ids, *tool_rows), plain_rows = arrays
+    half = BATCH_SIZE // 2  # rows of each format per step; a row's two formats are drawn apart
     model = build_model(init_dir, role="actor")
-    tool_forward = model.full_sequence(tool_rows[0].shape[1])
+    tool_forward = model.shared_prompt(half, system_ids.shape[1] + tool_rows[0].shape[1])
     plain_forward = model.full_sequence(plain_rows[0].shape[1])
     config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
     optimizer = AdamW(model.trainable_params(), config)
     schedule = LRScheduleConfig(learning_rate=LEARNING_RATE, warmup_steps=WARMUP_STEPS)
 
-    def token_terms(forward, ids, attention, mask):
-        """(summed log-likelihood of the model tokens, rows whose every model token is the top choice)."""
-        logits = forward(ids, attention)[:, :-1]
-        targets, weights = ids[:, 1:], mask[:, 1:]
+    def token_terms(logits, targets, weights):
+        """(summed log-likelihood of the model tokens, rows whose every model token is the top choice), from the
+        logits that predict `targets`."""
         logp = ops.gather_elements(ops.log_softmax(logits, -1), 2, targets.expand_dims(-1)).squeeze(-1)
         misses = (ops.cast(ops.not_equal(logits.argmax(-1), targets), ms.float32) * weights).sum(-1)
         return (logp * weights).sum(), ops.cast(misses == 0, ms.float32).sum()
 
-    def loss_fn(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask):
-        tool_logp, exact_tool_rows = token_terms(tool_forward, tool_ids, tool_attention, tool_mask)
-        plain_logp, _ = token_terms(plain_forward, plain_ids, plain_attention, plain_mask)
+    system, system_mask = Tensor(system_ids), Tensor(np.ones_like(system_ids))
+
+    def loss_fn(tool_ids, tool_mask, plain_ids, plain_attention, plain_mask):
+        tool_logp, exact_tool_rows = token_terms(tool_forward(system, system_mask, tool_ids), tool_ids, tool_mask)
+        plain_logits = plain_forward(plain_ids, plain_attention)[:, :-1]
+        plain_logp, _ = token_terms(plain_logits, plain_ids[:, 1:], plain_mask[:, 1:])
         return -(tool_logp + plain_logp) / (tool_mask.sum() + plain_mask.sum()), exact_tool_rows
 
     grad_fn = ms.value_and_grad(loss_fn, None, optimizer.params, has_aux=True)
 
     @ms.jit
-    def train_step(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask, step_size, eps,
-                   decay):
-        (loss, exact), grads = grad_fn(tool_ids, tool_attention, tool_mask, plain_ids, plain_attention, plain_mask)
+    def train_step(tool_ids, tool_mask, plain_ids, plain_attention, plain_mask, step_size, eps, decay):
+        (loss, exact), grads = grad_fn(tool_ids, tool_mask, plain_ids, plain_attention, plain_mask)
         grads, _ = clip_by_global_norm(grads, config.max_grad_norm)
         optimizer(grads, step_size, eps, decay)
         return loss, exact
 
     matches: List[float] = []
     step, loss = 0, None
-    half = BATCH_SIZE // 2  # rows of each format per step; a row's two formats are drawn apart
     for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(tool_rows[0]), seed)):
         lr = learning_rate_at(schedule, step - 1, max_steps)
         loss, exact = train_step(*(Tensor(a[batch[:half]]) for a in tool_rows),
