@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,3 +30,26 @@ def test_vl_demo_accuracy_rises(tmp_path):
     first, last = re.search(r"first \d+ steps ([0-9.]+), last \d+ steps ([0-9.]+)", done.stdout).groups()
     assert float(last) - float(first) >= MIN_RISE, (accuracy, done.stdout[-2000:])
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*"))
+
+
+def test_vl_demo_folder_is_built_once_and_a_foreign_folder_refused(tmp_path):
+    """Built aside and stamped (no warm start here), found again without rebuilding, rebuilt when a file is
+    damaged, and a folder that is not a VL demo is refused and left as it was."""
+    from mindgrpo.apps import demo_vl
+    from mindgrpo.apps.demo._files import STAMP
+
+    built = demo_vl.make_vl_demo(tmp_path / "demo", warm_start_steps=0)
+    assert (built.model_dir / "config.json").is_file() and built.dataset_file.is_file()
+    assert [p.name for p in tmp_path.iterdir()] == ["demo"]  # no temporary folder left behind
+    stamp = (built.root / STAMP).stat().st_mtime_ns
+    again = demo_vl.make_vl_demo(tmp_path / "demo", warm_start_steps=0)
+    assert again == built and (again.root / STAMP).stat().st_mtime_ns == stamp
+    with open(built.model_dir / "config.json", "a", encoding="utf-8") as f:
+        f.write(" ")
+    demo_vl.make_vl_demo(tmp_path / "demo", warm_start_steps=0)
+    assert (built.root / STAMP).stat().st_mtime_ns != stamp  # damaged: rebuilt
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    with pytest.raises(FileExistsError, match="not a mindgrpo VL demo"):
+        demo_vl.make_vl_demo(tmp_path / "mine", warm_start_steps=0)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"

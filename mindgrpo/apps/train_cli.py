@@ -78,11 +78,12 @@ def prepare_tool_demo(config: GRPOConfig) -> Dict[str, str]:
 
 
 def prepare_vl_demo(config: GRPOConfig) -> Dict[str, str]:
-    """Make the Qwen2.5-VL demo's model, pictures and warm start in ``<output_dir>/demo`` (about a minute)."""
+    """Make the Qwen2.5-VL demo's model, pictures and warm start in ``<output_dir>/demo`` (about a minute; a later
+    run into the same folder, a resume among them, finds it there)."""
     from mindgrpo.apps.demo_vl import make_vl_demo
 
     demo = make_vl_demo(Path(config.rl_config.output_dir) / "demo")
-    print(f"[demo] VL demo built in {demo.root}: {demo.facts}", flush=True)
+    print(f"[demo] VL demo in {demo.root}: {demo.facts}", flush=True)
     return {"actor_checkpoint_path": str(demo.model_dir), "dataset_file": str(demo.dataset_file)}
 
 

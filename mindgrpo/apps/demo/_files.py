@@ -1,6 +1,7 @@
 """How the demos write their files (JSON indented with sorted keys, JSON Lines rows; UTF-8) and fingerprint them
 for their stamps (SHA-256). Plain writes: a whole demo folder is built aside and renamed into place (`publish`),
-one builder at a time (`build_lock`, `build_aside`)."""
+one builder at a time (`build_lock`, `build_aside`), and stamped last (`stamped_build`), so that a finished folder
+is found again and anything else in its place is refused, never overwritten."""
 from __future__ import annotations
 
 import contextlib
@@ -11,7 +12,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Callable, Sequence, TypeVar
+from typing import Callable, Dict, Optional, Sequence, TypeVar
 
 
 T = TypeVar("T")
@@ -71,3 +72,45 @@ def build_lock(root: Path):
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+STAMP = "demo.json"
+
+
+def read_stamp(root: Path, stamp_format: str) -> Optional[dict]:
+    """The stamp of a demo folder of `stamp_format`, or None (absent, unreadable, or another format)."""
+    try:
+        stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return stamp if isinstance(stamp, dict) and stamp.get("format") == stamp_format else None
+
+
+def _intact(root: Path, stamp: dict, required: Sequence[str]) -> bool:
+    """Every file the stamp lists still has its recorded hash, and the `required` ones are among them."""
+    files = stamp.get("files") or {}
+    return set(required) <= set(files) and all((root / rel).is_file() and file_sha256(root / rel) == digest
+                                               for rel, digest in files.items())
+
+
+def stamped_build(root: Path, stamp_format: str, recipe: dict, build: Callable[[Path], Dict[str, object]], *,
+                  what: str, required: Sequence[str] = (), force: bool = False) -> Dict[str, object]:
+    """The facts of the demo folder `root`: found again when its stamp names `stamp_format` and `recipe` and every
+    file is intact (unless `force`), else built by `build(tmp)` aside (`build_aside`) and stamped last with the
+    recipe, each file's SHA-256 and the facts `build` returns. One builder at a time (`build_lock`). A `root` that
+    holds anything but a demo of this format is refused (`what` names it in the error), never overwritten."""
+    with build_lock(root):
+        stamp = read_stamp(root, stamp_format)
+        if not force and stamp is not None and stamp.get("recipe") == recipe and _intact(root, stamp, required):
+            return dict(stamp.get("facts") or {})
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and stamp is None)):
+            raise FileExistsError(f"{root} exists and is not a {what} folder (no {STAMP}); pass an empty or new "
+                                  "folder, or delete this one")
+
+        def build_and_stamp(tmp: Path) -> Dict[str, object]:
+            facts = build(tmp)
+            files = {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+            write_json(tmp / STAMP, {"format": stamp_format, "recipe": recipe, "files": files, "facts": facts})
+            return facts
+
+        return build_aside(root, build_and_stamp)

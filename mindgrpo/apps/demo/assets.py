@@ -7,21 +7,19 @@ A lock in mindgrpo's cache lets one process build while the others (data-paralle
 """
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Tuple, Union
 
-from mindgrpo.apps.demo._files import build_aside, build_lock, file_sha256, write_json, write_jsonl
+from mindgrpo.apps.demo._files import STAMP, stamped_build, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.problems import make_problems
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 from mindgrpo.apps.demo.warm_start import warm_start
 
 RECIPE_VERSION = 2  # 2: the warm start on mindgrpo's own forward, stopping at TARGET_MATCH 0.20
-STAMP = "demo.json"
 STAMP_FORMAT = "mindgrpo-demo"
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                "tokenizer_config.json", "vocab.json", "merges.txt")
@@ -45,31 +43,6 @@ def _asset_paths(root: Path) -> Tuple[Path, Path, Path]:
     return root / "model", root / "train.jsonl", root / "test.jsonl"
 
 
-def _read_stamp(root: Path) -> Optional[dict]:
-    try:
-        stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return stamp if isinstance(stamp, dict) and stamp.get("format") == STAMP_FORMAT else None
-
-
-def _cached(root: Path, recipe: dict) -> Optional[DemoAssets]:
-    """The finished assets in `root` when its stamp matches `recipe` and every file still has its recorded hash."""
-    stamp = _read_stamp(root)
-    if stamp is None or stamp.get("recipe") != recipe:
-        return None
-    files = stamp.get("files") or {}
-    for rel, digest in files.items():
-        path = root / rel
-        if not path.is_file() or file_sha256(path) != digest:
-            return None
-    model_dir, train, test = _asset_paths(root)
-    expected = {f"model/{name}" for name in MODEL_FILES} | {"train.jsonl", "test.jsonl"}
-    if not expected <= set(files):
-        return None
-    return DemoAssets(root, model_dir, train, test, dict(stamp.get("facts") or {}))
-
-
 def default_demo_dir() -> Path:
     """Where the README's command keeps the demo: mindgrpo's per-user cache (see `mindgrpo._env.cache_dir`)."""
     from mindgrpo._env import cache_dir
@@ -91,20 +64,9 @@ def make_demo(out_dir: PathLike, *, seed: int = 0, warm_start_steps: int = DEFAU
         raise ValueError(f"warm_start_steps={warm_start_steps} must be >= 0 (0 skips the warm start)")
     root = Path(out_dir).expanduser().resolve()
     recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
-    with build_lock(root):
-        cached = None if force else _cached(root, recipe)
-        if cached is not None:
-            return cached
-        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and _read_stamp(root) is None)):
-            raise FileExistsError(f"{root} exists and is not a mindgrpo demo folder (no {STAMP}); pass an empty or "
-                                  "new folder to make_demo, or delete this one")
-        def build(tmp: Path) -> Dict[str, object]:
-            facts = _build(tmp, seed, warm_start_steps)
-            files = {p.relative_to(tmp).as_posix(): file_sha256(p) for p in sorted(tmp.rglob("*")) if p.is_file()}
-            write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "files": files, "facts": facts})
-            return facts
-
-        facts = build_aside(root, build)
+    required = [f"model/{name}" for name in MODEL_FILES] + ["train.jsonl", "test.jsonl"]
+    facts = stamped_build(root, STAMP_FORMAT, recipe, lambda tmp: _build(tmp, seed, warm_start_steps),
+                          what="mindgrpo demo", required=required, force=force)
     return DemoAssets(root, *_asset_paths(root), facts)
 
 

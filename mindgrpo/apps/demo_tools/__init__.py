@@ -16,13 +16,12 @@ without the tool block (`prepare_tool_demo` in :mod:`mindgrpo.apps.train_cli`).
 """
 from __future__ import annotations
 
-import json
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Union
 
-from mindgrpo.apps.demo._files import build_aside, build_lock, write_json, write_jsonl
+from mindgrpo.apps.demo._files import STAMP, stamped_build, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 from mindgrpo.apps.demo_tools.task import corpus, make_problems
@@ -33,7 +32,7 @@ PROMPT_TEMPLATE = "chatml"
 DEFAULT_WARM_START_STEPS = 600  # an upper bound: the warm start stops at warm_start.TARGET_MATCH
 
 
-STAMP, STAMP_FORMAT = "demo.json", "mindgrpo-tool-demo"
+STAMP_FORMAT = "mindgrpo-tool-demo"
 RECIPE_VERSION = 2  # 2: the warm start computes the tool rows' system turn once
 
 
@@ -65,22 +64,8 @@ def make_tool_demo(out_dir: Union[str, Path], *, seed: int = 0,
     interrupted build leaves nothing half-written and data-parallel ranks wait for the first one."""
     root = Path(out_dir).expanduser().resolve()
     recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
-    with build_lock(root):
-        try:
-            stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            stamp = {}
-        if stamp.get("format") == STAMP_FORMAT and stamp.get("recipe") == recipe:
-            return ToolDemo.at(root, stamp["facts"])
-        if root.exists() and any(root.iterdir()) and stamp.get("format") != STAMP_FORMAT:
-            raise FileExistsError(f"{root} exists and is not a mindgrpo tool demo folder (no {STAMP}); pass an "
-                                  "empty or new folder, or delete this one")
-        def build(tmp: Path) -> Dict[str, object]:
-            facts = _build(tmp, seed, warm_start_steps)
-            write_json(tmp / STAMP, {"format": STAMP_FORMAT, "recipe": recipe, "facts": facts})
-            return facts
-
-        facts = build_aside(root, build)
+    facts = stamped_build(root, STAMP_FORMAT, recipe, lambda tmp: _build(tmp, seed, warm_start_steps),
+                          what="mindgrpo tool demo", required=["model/config.json", "train.jsonl", "test.jsonl"])
     return ToolDemo.at(root, facts)
 
 

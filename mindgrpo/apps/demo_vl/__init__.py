@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Union
 
+from mindgrpo.apps.demo._files import stamped_build
 from mindgrpo.apps.demo_vl.model import write_model
 from mindgrpo.apps.demo_vl.task import NUM_TRAIN, QUESTION, make_rows, write_parquet
 from mindgrpo.apps.demo_vl.warm_start import warm_start
@@ -26,6 +27,7 @@ from mindgrpo.apps.demo_vl.warm_start import warm_start
 PROMPT_TEMPLATE = "chatml"
 MAX_PROMPT_LENGTH = 96
 DEFAULT_WARM_START_STEPS = 300  # an upper bound: the warm start stops at warm_start.TARGET_MATCH
+STAMP_FORMAT, RECIPE_VERSION = "mindgrpo-vl-demo", 1
 
 
 @dataclass(frozen=True)
@@ -39,19 +41,32 @@ class VLDemo:
 
 def make_vl_demo(out_dir: Union[str, Path], *, seed: int = 0,
                  warm_start_steps: int = DEFAULT_WARM_START_STEPS) -> VLDemo:
-    """Build the demo in `out_dir` (replaced if present): model, data, warm start. About a minute on 2 cores."""
+    """Build the demo in `out_dir` (about a minute on 2 cores), or return the one already there: its `demo.json`
+    stamp, written last, names the same recipe and every file is intact. Built in a temporary sibling folder
+    renamed into place, one builder at a time, so an interrupted build leaves nothing half-written, data-parallel
+    ranks wait for the first one, and a folder that is not a VL demo is refused, not overwritten."""
+    root = Path(out_dir).expanduser().resolve()
+    recipe = {"version": RECIPE_VERSION, "seed": int(seed), "warm_start_steps": int(warm_start_steps)}
+    facts = stamped_build(root, STAMP_FORMAT, recipe, lambda tmp: _build(tmp, seed, warm_start_steps),
+                          what="mindgrpo VL demo", required=["model/config.json", DATASET_FILE])
+    return VLDemo(root, root / "model", root / DATASET_FILE, facts)
+
+
+DATASET_FILE = "data/train.mindrecord"
+
+
+def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
+    """Every file of the demo in `root`: model, pictures and prompts, warm start; returns the facts for the stamp."""
     from mindgrpo.data import convert_dataset
     from mindgrpo.data.images import ImageProcessorConfig
     from mindgrpo.data.tokenizer import load_tokenizer
 
-    root = Path(out_dir)
-    shutil.rmtree(root, ignore_errors=True)
     init_dir, model_dir = root / "init", root / "model"
-    init_dir.mkdir(parents=True)
+    init_dir.mkdir()
     rows = make_rows(NUM_TRAIN, seed)
     corpus = [{"question": QUESTION, "answer": f"\\boxed{{{n}}}"} for n in range(10)]
     facts = write_model(init_dir, corpus, seed)
-    dataset_file = root / "data" / "train.mindrecord"
+    dataset_file = root / DATASET_FILE
     dataset_file.parent.mkdir()
     summary = convert_dataset(write_parquet(root / "data" / "train.parquet", rows), dataset_file,
                               load_tokenizer(init_dir), dataset_type="geo3k", prompt_template=PROMPT_TEMPLATE,
@@ -63,7 +78,7 @@ def make_vl_demo(out_dir: Union[str, Path], *, seed: int = 0,
         shutil.rmtree(init_dir)
     else:
         init_dir.rename(model_dir)
-    return VLDemo(root, model_dir, dataset_file, facts)
+    return facts
 
 
 # The demo's GRPO run, beside examples/grpo_vl/main.py in the source checkout.
