@@ -15,12 +15,12 @@ from mindgrpo.train.metrics import read_metrics
 
 REPO = Path(__file__).resolve().parents[1]
 WINDOW = 10  # steps per window: the first and the last of the run
-# Measured on an AMD EPYC (Zen 3), 2 cores, sampled accuracy of the first -> last 10 steps: with the calculator seed 0
-# 0.227 -> 0.689, seed 1 0.194 -> 0.642; without it 0.000 -> 0.002 and 0.000 -> 0.000 (tools/demo_seeds.py --configs
-# tools notools --seeds 0 1). MIN_MARGIN and MIN_RISE are about 0.15 under the smaller seed's margin (0.640) and
-# rise (0.448): sampling differs between machines.
-MIN_MARGIN = 0.45
-MIN_RISE = 0.3
+# Measured on an AMD EPYC (Zen 3), 2 cores, sampled accuracy of the first -> last 10 of the 40 steps: with the
+# calculator seed 0 0.227 -> 0.659, seed 1 0.194 -> 0.573; without it 0.000 at every step for both
+# (tools/demo_seeds.py --configs tools notools --seeds 0 1). MIN_MARGIN and MIN_RISE are about 0.15 under the
+# smaller seed's margin (0.573) and rise (0.379): sampling differs between machines.
+MIN_MARGIN = 0.4
+MIN_RISE = 0.25
 
 
 def run(tmp_path: Path, seed: int, *overrides: str):

@@ -12,7 +12,7 @@ the warm-started demo model is the same), one after the other:
               move as much, with no signal about the answers
     dapo      examples/grpo/dapo_demo.yaml on the demo's model and data
     lora      examples/grpo/lora_demo.yaml: LoRA adapters on the frozen demo model
-    tools     the tool demo (`--demo tools`, examples/grpo/tool_demo.yaml, 60 steps): 3-digit by 2-digit products
+    tools     the tool demo (`--demo tools`, examples/grpo/tool_demo.yaml, 40 steps): 3-digit by 2-digit products
               with the calculator tool
     notools   the same model, budget and problems without the tool (`rl_config.tools=[]`)
 
@@ -42,7 +42,7 @@ METRIC = "grpo/rewards/accuracy_reward"
 CONFIGS = ("grpo", "nolearn", "length", "dapo", "lora", "tools", "notools")
 YAML = {"dapo": "dapo_demo.yaml", "lora": "lora_demo.yaml"}
 TOOL_CONFIGS = {"tools": ["calculator"], "notools": []}  # the tool demo, with and without its tool
-STEPS = {"tools": 60, "notools": 60}  # the others: 100
+STEPS = {"tools": 40, "notools": 40}  # the others: 100
 
 
 def length_reward(completion: str, gold: str, **_context) -> float:
