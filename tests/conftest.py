@@ -160,7 +160,8 @@ msrun_group = pytest.mark.xdist_group("msrun")
 # The longest work units start first, so that no worker is left running one of them alone at the end. Measured
 # under `-n 2` on 2 cores (42.5 min in all, before the demo test became one seed): the msrun group 1533 s, the demo
 # learning over five seeds 870 s, tests/test_faults.py's group 390 s, the 7B-depth test 358 s; the next units are
-# under about 200 s. The tool demo's learning test (its warm start, then 2 runs) took 462 s beside the other worker.
+# under about 200 s. The tool demo's learning test (its warm start, then 2 runs) took 317 s beside the other worker
+# (at eb8d267, 60 steps a run; 40 since).
 LONGEST_FIRST = ("msrun", "tests/test_faults.py",
                  "tests/test_demo_tools.py::test_tool_demo_beats_the_same_budget_without_tools",
                  "tests/test_depth.py::test_qwen2_5_7b_depth_and_vocabulary_train_checkpoint_and_resume",
