@@ -27,8 +27,8 @@ class TorchGRPOTwin:
     """The bf16 recipe in torch, written from its definition: bf16 working weights (RMSNorm scales float32, as
     mindgrpo keeps them), the forward in float32 from them (transformers' Qwen2 through ``functional_call``), TRL's
     ``grpo`` loss on-policy with the k3 KL (clamped as verl's ``low_var_kl``, which binds here: the tiny model's
-    log-probs move by several nats in three steps), each micro-batch's gradients in the weights' dtype summed in float32,
-    ``clip_grad_norm_``, then ``torch.optim.AdamW`` on float32 masters cast back to bf16."""
+    log-probs move by several nats in three steps), each micro-batch's gradients in the weights' dtype summed in
+    float32, ``clip_grad_norm_``, then ``torch.optim.AdamW`` on float32 masters cast back to bf16."""
 
     def __init__(self, torch, transformers, folder, rollouts, optimizer_config):
         self.torch = torch

@@ -16,8 +16,13 @@ come from this interpreter, MindSpore and MindFormers are the venv's own), then,
 4. a fixed subset of the suite (SUBSET: models with the MindFormers parity tests, algorithm, fused op, rollout, and a
    two-worker msrun run), under ``pytest -n 2``.
 
+A pair MINDSPORE:none is a fresh machine's quick start: a venv without the system's packages, MindSpore, then
+``pip install -e .`` (which must not bring MindFormers: it is the ``mindformers`` extra), then the demo for 3 steps;
+no subset (the test extra pins MindFormers).
+
 A row passes when every step does. The results go to ``<out>/compat.json`` and ``<out>/table.md``, and, with
-``--write-package-table``, to ``mindgrpo/compat.json`` (each written under a temporary name, then renamed). One pair
+``--write-package-table``, into ``mindgrpo/compat.json``, replacing those pairs' rows and keeping the others (each
+written under a temporary name, then renamed). One pair
 takes 10 to 20 minutes on 2 cores, most of it the subset and the 800 MB MindSpore wheel.
 """
 from __future__ import annotations
@@ -73,25 +78,29 @@ def check_pair(mindspore: str, mindformers: str, out: Path, no_deps: bool = Fals
     row: Dict[str, object] = {"mindspore": mindspore, "mindformers": mindformers, "mindformers_no_deps": no_deps,
                               "steps": {}}
     start = time.perf_counter()
+    fresh = mindformers == "none"  # a fresh machine: nothing from this interpreter, no MindFormers
     if not (root / "bin" / "python").exists():
-        venv.EnvBuilder(system_site_packages=True, with_pip=True).create(root)
+        venv.EnvBuilder(system_site_packages=not fresh, with_pip=True).create(root)
     python = root / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
     steps = row["steps"]
-    if no_deps:
+    if fresh:
+        steps["install pair"] = _run(pip + [f"mindspore=={mindspore}"], log, 1800, env=env)
+    elif no_deps:
         steps["install pair"] = _run(pip + [f"mindspore=={mindspore}"], log, 1800, env=env) and \
             _run(pip + ["--no-deps", f"mindformers=={mindformers}"], log, 1800, env=env)
     else:
         steps["install pair"] = _run(pip + [f"mindspore=={mindspore}", f"mindformers=={mindformers}"], log, 1800,
                                      env=env)
     steps["pip install -e ."] = steps["install pair"] and _run(pip + ["-e", str(REPO)], log, 1800, env=env) and \
-        (_installed(python, "mindspore"), _installed(python, "mindformers")) == (mindspore, mindformers)
+        (_installed(python, "mindspore"), _installed(python, "mindformers") or "none") == (mindspore, mindformers)
     if steps["pip install -e ."]:
         run_dir = root / "demo_run"
         steps["demo, 3 steps"] = _run([str(python), "examples/grpo/main.py", "rl_config.max_steps=3",
                                        f"rl_config.output_dir={run_dir}", "rl_config.save_ckpt_interval=0"],
                                       log, 1800, env=env)
+    if steps["pip install -e ."] and not fresh:
         report = root / "subset.txt"
         steps["suite subset"] = _run([str(python), "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider",
                                       *SUBSET], log, 3600, env=env)
@@ -99,7 +108,7 @@ def check_pair(mindspore: str, mindformers: str, out: Path, no_deps: bool = Fals
         counts = re.findall(r"^=*\s*(\d+ (?:passed|failed).*?) in [0-9.]+s", text, re.MULTILINE)
         row["subset"] = counts[-1] if counts else ""
         report.write_text(row["subset"] + "\n", encoding="utf-8")
-    row["passed"] = all(steps.values()) and len(steps) == 4
+    row["passed"] = all(steps.values()) and len(steps) == (3 if fresh else 4)
     row["minutes"] = round((time.perf_counter() - start) / 60, 1)
     return row
 
@@ -113,11 +122,24 @@ def table(rows: List[Dict[str, object]], machine: str) -> str:
         def mark(step: str) -> str:
             return "-" if step not in steps else ("ok" if steps[step] else "FAILED")
 
-        mindformers = f"{row['mindformers']}" + (" (`--no-deps`)" if row.get("mindformers_no_deps") else "")
+        mindformers = ("not installed (a fresh machine's `pip install -e .`)" if row["mindformers"] == "none" else
+                       f"{row['mindformers']}" + (" (`--no-deps`)" if row.get("mindformers_no_deps") else ""))
         lines.append(f"| {row['mindspore']} | {mindformers} | {mark('pip install -e .')} | "
                      f"{mark('demo, 3 steps')} | {row.get('subset') or mark('suite subset')} | "
                      f"{'passed' if row['passed'] else 'failed'} |")
     return "\n".join(lines) + f"\n\n{machine}; subset: {', '.join(SUBSET)}\n"
+
+
+def _key(row: Dict[str, object]) -> tuple:
+    return row["mindspore"], row["mindformers"], bool(row.get("mindformers_no_deps"))
+
+
+def merged(shipped: Dict[str, object], record: Dict[str, object]) -> Dict[str, object]:
+    """The package table with this run's rows: each replaces the same pair's row (or is added); the other pairs
+    keep theirs. Every row carries the date it was run."""
+    rows = {_key(row): {"date": shipped.get("date", ""), **row} for row in shipped.get("pairs", [])}
+    rows.update({_key(row): {"date": record["date"], **row} for row in record["pairs"]})
+    return {**record, "pairs": list(rows.values())}
 
 
 def _write(path: Path, text: str) -> None:
@@ -135,8 +157,8 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     pairs = []
     for pair in args.pairs:
-        if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?:\d+\.\d+\.\d+(:nodeps)?", pair):
-            parser.error(f"--pairs {pair!r}: write MINDSPORE:MINDFORMERS[:nodeps], e.g. 2.9.0:1.9.0")
+        if not re.fullmatch(r"\d+\.\d+\.\d+(\.post\d+)?:(\d+\.\d+\.\d+(:nodeps)?|none)", pair):
+            parser.error(f"--pairs {pair!r}: write MINDSPORE:MINDFORMERS[:nodeps] or MINDSPORE:none, e.g. 2.9.0:1.9.0")
         parts = pair.split(":")
         pairs.append((parts[0], parts[1], len(parts) == 3))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -150,7 +172,8 @@ def main(argv=None) -> int:
     _write(args.out / "compat.json", json.dumps(record, indent=1) + "\n")
     _write(args.out / "table.md", table(rows, machine))
     if args.write_package_table:
-        _write(PACKAGE_TABLE, json.dumps(record, indent=1) + "\n")
+        _write(PACKAGE_TABLE, json.dumps(merged(json.loads(PACKAGE_TABLE.read_text(encoding="utf-8")), record),
+                                         indent=1) + "\n")
     print(table(rows, machine))
     return 0 if all(row["passed"] for row in rows) else 1
 
