@@ -17,8 +17,8 @@ come from this interpreter, MindSpore and MindFormers are the venv's own), then,
    two-worker msrun run), under ``pytest -n 2``.
 
 A pair MINDSPORE:none is a fresh machine's quick start: a venv without the system's packages, MindSpore, then
-``pip install -e .`` (which must not bring MindFormers: it is the ``mindformers`` extra), then the demo for 3 steps;
-no subset (the test extra pins MindFormers).
+``pip install -e .`` (which must not bring MindFormers: it is the ``mindformers`` extra), then the demo for 3 steps
+from an empty cache (it builds its model); no subset (the test extra pins MindFormers).
 
 A row passes when every step does. The results go to ``<out>/compat.json`` and ``<out>/table.md``, and, with
 ``--write-package-table``, into ``mindgrpo/compat.json``, replacing those pairs' rows and keeping the others (each
@@ -84,6 +84,8 @@ def check_pair(mindspore: str, mindformers: str, out: Path, no_deps: bool = Fals
     python = root / "bin" / "python"
     pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     env = {**os.environ, "PYTHONNOUSERSITE": "1"}
+    if fresh:  # nothing cached either: the demo builds its model and tokenizer in this venv
+        env["MINDGRPO_CACHE"] = str(root / "cache")
     steps = row["steps"]
     if fresh:
         steps["install pair"] = _run(pip + [f"mindspore=={mindspore}"], log, 1800, env=env)
