@@ -275,12 +275,13 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
 
     tok = load_tokenizer(resolved.tokenizer_dir)
     tools = list(resolved.tools if tools is None else tools)
-    turns = _tool_turns(tools, tok, max_tool_turns) if tools else None
+    offered = _resolve_tools(tools) if tools else []
+    turns = _tool_turns(offered, tok, max_tool_turns) if offered else None
     try:
         if turns is None:
             prompt_ids = tok.encode_batch([render_prompt(template, p.question) for p in problems])
         else:
-            signatures = [tool.signature for tool in turns.runner.tools.values()]
+            signatures = [tool.signature for tool in offered]
             prompt_ids = tok.encode_batch([render_tool_prompt(template, p.question, signatures) for p in problems])
             say(f"[eval] tools: {', '.join(tools)} (up to {max_tool_turns} tool turns per completion)")
         engine = _build_engine(resolved.weights_dir, tok, max(map(len, prompt_ids)), batch_size, compute_dtype,
@@ -316,15 +317,22 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     return result
 
 
-def _tool_turns(tools: Sequence[str], tok: Any, max_tool_turns: int) -> Any:
-    """The rollouts' tool handler for ``tools`` (an EvaluationError naming --tools when one cannot be used)."""
-    from mindgrpo.tools import ToolRunner, ToolSpecError, ToolTurns, resolve_tools
+def _resolve_tools(tools: Sequence[str]) -> List[Any]:
+    """The tools named by ``tools`` (an EvaluationError naming --tools when one cannot be used): their signatures
+    go into the prompts, as ``mindgrpo data --tools`` put them there for training."""
+    from mindgrpo.tools import ToolSpecError, resolve_tools
 
     try:
-        resolved = resolve_tools(tools)
+        return list(resolve_tools(tools))
     except ToolSpecError as err:
         raise EvaluationError(f"--tools: {err}") from None
-    return ToolTurns(tok, ToolRunner(resolved, processes=2, timeout=30.0), max_tool_turns, max_response_tokens=256)
+
+
+def _tool_turns(tools: Sequence[Any], tok: Any, max_tool_turns: int) -> Any:
+    """The rollouts' tool handler running the resolved ``tools``."""
+    from mindgrpo.tools import ToolRunner, ToolTurns
+
+    return ToolTurns(tok, ToolRunner(tools, processes=2, timeout=30.0), max_tool_turns, max_response_tokens=256)
 
 
 def _build_engine(weights_dir: Path, tok: Any, longest_prompt: int, batch_size: int, compute_dtype: str,
