@@ -146,7 +146,7 @@ def test_data_cli_refuses_tools_a_template_cannot_offer(tmp_path, demo_plain):
 def test_eval_with_tools_offers_them_and_answers_the_calls(tmp_path, tool_model, demo_plain, monkeypatch):
     """``mindgrpo eval --tools calculator``: the prompts offer the tool, the rollouts answer its calls (every turn
     read as a call here: the random demo model writes none) and the summary counts them."""
-    from mindgrpo.apps.evaluation import evaluate
+    from mindgrpo.apps.evaluation import EvaluationError, evaluate
     from mindgrpo.tools import turns
 
     monkeypatch.setattr(turns, "parse_calls", lambda text: [ToolCall("calculator", {"expression": "127 * 46"})])
@@ -155,6 +155,8 @@ def test_eval_with_tools_offers_them_and_answers_the_calls(tmp_path, tool_model,
     assert result.summary["tools"] == ["calculator"] and result.summary["tool_calls"] > 0
     assert result.summary["tool_errors"] == 0
     assert all("<tool_response>" not in r["completion"] for r in result.records)  # scored on the model's turns
+    with pytest.raises(EvaluationError, match="^--tools: .*calculater"):  # a misspelt tool, named before decoding
+        evaluate(tool_model, demo_plain.test_jsonl, tools=["calculater"], max_tool_turns=1, **common)
 
 
 @msrun_group
