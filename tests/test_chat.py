@@ -105,3 +105,35 @@ def test_picture_chat_matches_transformers(vl_dir, vl_reference):
     greedy = greedy[:next((i for i, t in enumerate(greedy) if t in stops), len(greedy))]
     assert answer == session.tokenizer.decode(greedy)
     assert np.asarray(greedy).size > 0
+
+
+def test_each_picture_goes_through_the_tower_once(vl_dir, monkeypatch):
+    """A second picture later in the conversation: the tower embeds each picture once (not every picture at every
+    message), and the features the model reads equal the tower's on both pictures at once; a reset forgets them."""
+    from PIL import Image
+
+    from mindgrpo.data.dataset import PromptImagePixels
+    from mindgrpo.data.images import preprocess_images
+
+    session = ChatSession(vl_dir, settings=ChatSettings(temperature=0.0, max_new_tokens=4))
+    tower = session.vision.prompt_vision.tower
+    embedded, embed_images = [], tower.embed_images
+
+    def counting(pixel_values, image_grid_thw, **kwargs):
+        embedded.append(len(image_grid_thw))
+        return embed_images(pixel_values, image_grid_thw, **kwargs)
+
+    monkeypatch.setattr(tower, "embed_images", counting)
+    "".join(session.reply("How many squares?", image=vl_dir / "image_0.png"))
+    "".join(session.reply("And here?", image=vl_dir / "image_1.png"))
+    "".join(session.reply("Which has more?"))
+    assert embedded == [1, 1]  # each picture once, on the message that brought it
+    pictures = [Image.open(vl_dir / f"image_{i}.png").convert("RGB") for i in range(2)]
+    joint = session.vision.prompt_vision.embed([PromptImagePixels(*preprocess_images(pictures,
+                                                                                    session.vision.config))])[0]
+    kept = session.vision.prompt_images(session.images)
+    np.testing.assert_array_equal(kept.image_grid_thw, joint.image_grid_thw)
+    np.testing.assert_allclose(kept.features, joint.features, rtol=1e-5, atol=1e-6)
+    session.reset()
+    "".join(session.reply("How many squares?", image=vl_dir / "image_1.png"))
+    assert embedded == [1, 1, 2, 1]  # (the joint reference above, then the new conversation's picture)

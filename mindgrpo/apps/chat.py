@@ -6,14 +6,14 @@ a run folder (its newest checkpoint), a checkpoint, or a LoRA adapter on its bas
 conversation with the chat template, as transformers' ``apply_chat_template`` does, and the engine prefills it and
 samples (:meth:`~mindgrpo.rollout.backends.native.NativeRolloutEngine.stream`): the tokens are those ``generate``
 samples for that prompt and seed. A Qwen2.5-VL model reads pictures: an image given with a message is put in front
-of its text, as Qwen2.5-VL's chat template and processor render it.
+of its text, as Qwen2.5-VL's chat template and processor render it; the frozen vision tower sees each picture once.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Union
+from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from mindgrpo.apps.model_source import ModelSourceError, resolve_model
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
@@ -144,6 +144,7 @@ class _Vision:
         self.prompt_vision = PromptVision(build_vision_tower(model_dir), image_token_id=spec.image_token_id,
                                           vision_start_token_id=spec.vision_start_token_id,
                                           spatial_merge_size=spec.spatial_merge_size, hidden_size=spec.hidden_size)
+        self.embedded: List[Tuple[Any, Any]] = []  # (picture, its PromptImages) of the conversation so far, in order
 
     def prompt_ids(self, tokenizer: Any, messages: List[Dict[str, Any]], images: List[Any]) -> List[int]:
         from mindgrpo.data.images import image_grid_thw, image_token_count
@@ -160,11 +161,30 @@ class _Vision:
         return tokenizer.encode(pieces[0] + "".join(IMAGE_PAD * n + rest for n, rest in zip(counts, pieces[1:])))
 
     def prompt_images(self, images: List[Any]):
+        """The conversation's pictures as the language model reads them: each picture through the tower once, when
+        it first appears, then kept (the tower's attention never crosses pictures, so a prompt's features are its
+        pictures' features in order). A picture is recognised by identity, so a reset or a withdrawn message
+        drops its features."""
+        import numpy as np
+
+        from mindgrpo.rollout.api import PromptImages
+
+        same = 0
+        while same < min(len(self.embedded), len(images)) and self.embedded[same][0] is images[same]:
+            same += 1
+        self.embedded = self.embedded[:same] + [(image, self._embed(image)) for image in images[same:]]
+        if not images:
+            return None
+        features = [entry[1] for entry in self.embedded]
+        return PromptImages(np.concatenate([f.features for f in features]),
+                            np.concatenate([f.image_grid_thw for f in features]))
+
+    def _embed(self, image: Any):
+        """One picture's merged features and grid (:class:`~mindgrpo.rollout.api.PromptImages` of one image)."""
         from mindgrpo.data.dataset import PromptImagePixels
         from mindgrpo.data.images import preprocess_images
 
-        pixels = PromptImagePixels(*preprocess_images(images, self.config)) if images else None
-        return self.prompt_vision.embed([pixels])[0]
+        return self.prompt_vision.embed([PromptImagePixels(*preprocess_images([image], self.config))])[0]
 
 
 __all__ = ["ChatError", "ChatSession", "ChatSettings", "ModelSourceError"]
