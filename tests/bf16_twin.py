@@ -94,8 +94,6 @@ class TorchGRPOTwin:
         return {name: m.detach().to(self.torch.bfloat16).float().numpy() for name, m in self.masters.items()}
 
 
-
-
 def twin_config(folder, mode: str, model_parallel: int = 1):
     """The worker's config: bf16 weights, 2 prompts x 4 completions, one micro-batch per group, k3 KL, clipping."""
     from mindgrpo.config import GRPOConfig, validate

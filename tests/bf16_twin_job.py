@@ -1,4 +1,4 @@
-"""msrun job of the bf16 twin at tensor parallel 2 (tests/test_tensor_parallel.py): each rank builds the
+"""msrun job of the bf16 twin at tensor parallel 2 (tests/test_mixed_precision.py): each rank builds the
 ModelWorker of :func:`bf16_twin.twin_config` on its slices, runs the three updates of tests/bf16_twin.py on the same
 rollouts, and gathers the full fp32 masters and bf16 weights from the ranks' slices; rank 0 writes them with each
 update's loss and gradient norm to OUT_DIR/MODE.npz.

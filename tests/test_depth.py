@@ -4,11 +4,11 @@ layer count, heads and untied 152,064-row vocabulary, hidden 4 per head, interme
 A compiled loop over every parameter unrolls into nested calls, and MindSpore stops compiling at a call depth of
 1000: Qwen2.5-0.5B's 290 parameters already failed in the gradient reduce-and-clip graph. So:
 
-* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process: a GRPO step (rollout, update,
-  checkpoint), then a second trainer resumes from that checkpoint with the first's exact state (weights,
+* Qwen2.5-7B's shape (28 layers, 28/4 heads, 339 parameters) in one process, float32: a GRPO step (rollout,
+  update, checkpoint), then a second trainer resumes from that checkpoint with the first's exact state (weights,
   AdamW moments, step, data position), both in PyNative (the steps after a resume run the same code as step 1).
-  GRAPH mode at this depth is the 2 x 2 msrun twin's (``tests/test_tensor_parallel.py``: the same layer code;
-  compiling the 28-layer graphs again here would add minutes to the default suite);
+  GRAPH mode at this depth, with bf16 weights, is the model_parallel 2 msrun twin's (``tests/test_tensor_parallel.py``:
+  the same layer code; compiling the 28-layer graphs again here would add minutes to the default suite);
 * Qwen2.5-32B's depth (64 layers, 40/8 heads, 771 parameters): the update graphs (accumulation, clipping, AdamW)
   over all of its parameters, with float32 and with bf16 weights, against numpy; and (slow: a 64-layer forward
   and backward take minutes to compile) one GRPO step.

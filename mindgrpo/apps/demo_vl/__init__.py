@@ -28,6 +28,7 @@ PROMPT_TEMPLATE = "chatml"
 MAX_PROMPT_LENGTH = 96
 DEFAULT_WARM_START_STEPS = 300  # an upper bound: the warm start stops at warm_start.TARGET_MATCH
 STAMP_FORMAT, RECIPE_VERSION = "mindgrpo-vl-demo", 1
+DATASET_FILE = "data/train.mindrecord"  # the training prompts with their pictures, under the demo folder
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,6 @@ def make_vl_demo(out_dir: Union[str, Path], *, seed: int = 0,
     facts = stamped_build(root, STAMP_FORMAT, recipe, lambda tmp: _build(tmp, seed, warm_start_steps),
                           what="mindgrpo VL demo", required=["model/config.json", DATASET_FILE])
     return VLDemo(root, root / "model", root / DATASET_FILE, facts)
-
-
-DATASET_FILE = "data/train.mindrecord"
 
 
 def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
