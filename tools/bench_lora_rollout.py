@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import time
@@ -37,11 +38,13 @@ from typing import Dict, List
 
 import numpy as np
 
+from mindgrpo.algorithm.registry import LORA_TARGET_MODULES
+from mindgrpo.apps.plan import hf_tensor_shapes
+
 from bench_real_shapes import QWEN2_5, real_model
 from benchlib import ASSETS_CACHE, SIZES, cpu_model, peak_rss_mib, write_model
 
 RANK, ALPHA = 16, 32
-TARGET_WEIGHTS = ("wq", "wk", "wv", "wo", "w1", "w2", "w3")  # every decoder linear (actor_config's default targets)
 
 
 def model_folder(size: str) -> Path:
@@ -62,13 +65,12 @@ def targeted_cells(model) -> List:
     return cells
 
 
-def buffer_bytes(dims: Dict, itemsize: int) -> int:
-    """Bytes of the merged buffer: every targeted weight of a Qwen2.5 config once, at ``itemsize``."""
-    hidden, inter, heads, kv = (dims["hidden_size"], dims["intermediate_size"], dims["num_attention_heads"],
-                                dims["num_key_value_heads"])
-    head_dim = hidden // heads
-    per_layer = hidden * hidden * 2 + 2 * hidden * kv * head_dim + 3 * hidden * inter
-    return per_layer * dims["num_hidden_layers"] * itemsize
+def buffer_bytes(hf_config: Dict, itemsize: int) -> int:
+    """Bytes of the merged buffer: every targeted weight of a Qwen2.5 config once, at ``itemsize`` (the shapes are
+    the planner's, from config.json alone)."""
+    targets = tuple(f".{module}.weight" for module in LORA_TARGET_MODULES)
+    return itemsize * sum(math.prod(shape) for name, shape in hf_tensor_shapes(hf_config).items()
+                          if name.endswith(targets))
 
 
 def child(args) -> dict:
