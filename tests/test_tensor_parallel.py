@@ -186,7 +186,7 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int,
     for shard in sorted((run / "checkpoints" / "step_00000002" / "optimizer").glob("rank_*.safetensors")):
         held = load_file(shard)
         owned = sum(key.startswith("exp_avg.") for key in held)  # the tensors whose state this rank keeps
-        assert owned == 28 * 12 + 3 if dp == 1 else 0 < owned < 28 * 12 + 3  # ZeRO-1 shares them out
+        assert (owned == 28 * 12 + 3) if dp == 1 else (0 < owned < 28 * 12 + 3)  # ZeRO-1 shares them out
         # with bf16 weights, the fp32 master of each of them beside its moments
         assert sum(key.startswith("master.") for key in held) == (owned if param_dtype == "bfloat16" else 0), shard
     return run
