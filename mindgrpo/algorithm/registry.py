@@ -49,6 +49,10 @@ GRAD_REDUCE_DTYPES: Tuple[str, ...] = ("float32", "bfloat16")
 EXECUTION_MODES: Tuple[str, ...] = ("graph", "pynative")
 DEVICE_TARGETS: Tuple[str, ...] = ("auto", "CPU", "Ascend")
 
+# Where the python tool runs model-written code (tools/registry.py SANDBOXES): kernel namespaces through bubblewrap,
+# a SandboxFusion service, or a plain child process that isolates nothing from code written to escape.
+TOOL_SANDBOXES: Tuple[str, ...] = ("bwrap", "process", "remote")
+
 # The linears LoRA may adapt (models/lora.py), by Hugging Face module name: every linear of a Qwen2 decoder layer.
 LORA_TARGET_MODULES: Tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -13,8 +13,8 @@ installed package metadata: one source of truth), the device MindSpore sees, the
 cache if needed, then run once against the plain-ops twin), the native rollout's decode kernels (likewise, against
 numpy), msrun on PATH, the msrun master port (a port held by
 another job, say a leftover scheduler or a Ray head, stops a launch with "address already in use"), writable
-cache and output folders, and with ``--config``: the values, every input path, the batch sizes, the parallel
-layout and the rollout backend, exactly as the trainer will see them.
+cache and output folders, which of the python tool's sandboxes run here, and with ``--config``: the values, every
+input path, the batch sizes, the parallel layout and the rollout backend, exactly as the trainer will see them.
 """
 from __future__ import annotations
 
@@ -482,6 +482,21 @@ def check_backend(config, device: str) -> Iterator[Check]:
                     f"{device} here", f"run on an {rl.device_target} host, or set rl_config.device_target=auto")
 
 
+def check_tool_sandboxes(config=None) -> Iterator[Check]:
+    """Which of the python tool's sandboxes run on this machine. The one a config's python tool uses
+    (``rl_config.tool_sandbox``) FAILs where it cannot run, as the run would refuse to start; ``bwrap``, the
+    default, warns."""
+    from mindgrpo.tools.registry import SANDBOXES, sandbox_for
+
+    rl = config.rl_config if config is not None else None
+    chosen = rl.tool_sandbox if rl is not None and "python" in rl.tools else None
+    for mode in SANDBOXES:
+        sandbox = sandbox_for(mode, rl.tool_sandbox_url if rl is not None else "")
+        problem = sandbox.problem()
+        status = "ok" if not problem else "FAIL" if mode == chosen else "warn" if mode == "bwrap" else "info"
+        yield Check(status, f"tool sandbox {mode}", _one_line(problem or sandbox.describe()))
+
+
 def check_config(config_path, overrides, flags):
     """Load and validate (values only; paths are checked one by one later). A generator of Checks that returns
     the config, or None when it does not load. Value problems are reported each on its own line, and the later
@@ -537,6 +552,7 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
         port, source = master_port, "--master_port"
     yield check_port(port, source)
     yield check_writable("cache folder", _env.cache_dir())
+    yield from check_tool_sandboxes(config)
     if config is None:
         yield check_writable("output folder", "output")  # rl_config.output_dir's default, relative to the cwd
         return

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before they load)
+from mindgrpo.algorithm.registry import TOOL_SANDBOXES
 from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path
 from mindgrpo.apps.model_source import add_model_arguments
 from mindgrpo.data import PROMPT_TEMPLATES, READERS
@@ -53,6 +54,10 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
                         help="tools the prompts offer and the rollouts answer (calculator, python, "
                              "package.module:function); default: the run's rl_config.tools; --tools alone: none")
     parser.add_argument("--max-tool-turns", type=int, default=4, help="tool-calling turns per completion")
+    parser.add_argument("--tool-sandbox", default="bwrap", choices=TOOL_SANDBOXES,
+                        help="where the python tool runs the model's code, as rl_config.tool_sandbox (docs/sandbox.md)")
+    parser.add_argument("--tool-sandbox-url", default="",
+                        help="the SandboxFusion /run_code URL for --tool-sandbox remote")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     return parser.parse_intermixed_args(argv)  # MODEL and DATA may stand before, between or after the options
 
@@ -65,7 +70,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo e
                           limit=args.limit, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                           samples=args.samples, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
                           compute_dtype=args.dtype, progress=not args.no_progress, base=args.base,
-                          tools=args.tools, max_tool_turns=args.max_tool_turns, dataset_type=args.dataset_type)
+                          tools=args.tools, max_tool_turns=args.max_tool_turns, tool_sandbox=args.tool_sandbox,
+                          tool_sandbox_url=args.tool_sandbox_url, dataset_type=args.dataset_type)
     except ValueError as err:  # EvaluationError, DataError, TokenizerError, bad sampling settings: all name the fix
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -235,8 +235,8 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
              max_new_tokens: int = 512, batch_size: int = 32, samples: int = 0, temperature: float = 1.0,
              top_p: float = 1.0, seed: int = 0, compute_dtype: str = "float32", progress: bool = True,
              log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None,
-             tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4,
-             dataset_type: str = "gsm8k") -> EvalResult:
+             tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4, tool_sandbox: str = "bwrap",
+             tool_sandbox_url: str = "", dataset_type: str = "gsm8k") -> EvalResult:
     """Evaluate `model` (see :func:`resolve_model`) on the problems of `data`.
 
     Greedy decoding gives pass@1; with ``samples = k > 0``, ``k`` more completions per problem at `temperature`
@@ -244,7 +244,9 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     template, else ``gsm8k_hash``. `batch_size` is the number of sequences decoded together. With `output`, the
     records and the summary are written there (see :func:`write_results`). `log` receives progress lines (default:
     stderr when `progress`). `tools` (``rl_config.tools``' names; default: the run's) makes every prompt offer them
-    and the rollouts answer their calls, up to `max_tool_turns` per completion; ``[]`` evaluates without.
+    and the rollouts answer their calls, up to `max_tool_turns` per completion; ``[]`` evaluates without. The python
+    tool runs its code in `tool_sandbox` (``rl_config.tool_sandbox``'s choices; `tool_sandbox_url` for ``remote``),
+    refused before any model is loaded where it cannot run.
     `dataset_type` reads `data` with that reader of mindgrpo.data (``math``: MATH500/AIME-style problem + answer,
     jsonl or parquet; answers are compared as training's ``accuracy_reward`` compares them, with math-verify).
     """
@@ -275,7 +277,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
 
     tok = load_tokenizer(resolved.tokenizer_dir)
     tools = list(resolved.tools if tools is None else tools)
-    offered = _resolve_tools(tools) if tools else []
+    offered = _resolve_tools(tools, tool_sandbox, tool_sandbox_url) if tools else []
     turns = _tool_turns(offered, tok, max_tool_turns) if offered else None
     try:
         if turns is None:
@@ -317,15 +319,20 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     return result
 
 
-def _resolve_tools(tools: Sequence[str]) -> List[Any]:
-    """The tools named by ``tools`` (an EvaluationError naming --tools when one cannot be used): their signatures
-    go into the prompts, as ``mindgrpo data --tools`` put them there for training."""
-    from mindgrpo.tools import ToolSpecError, resolve_tools
+def _resolve_tools(tools: Sequence[str], sandbox: str, url: str) -> List[Any]:
+    """The tools named by ``tools`` (an EvaluationError naming --tools, or --tool-sandbox, when one cannot be used):
+    their signatures go into the prompts, as ``mindgrpo data --tools`` put them there for training."""
+    from mindgrpo.tools import ToolSpecError, check_sandboxes, resolve_tools, sandbox_for
 
     try:
-        return list(resolve_tools(tools))
+        resolved = list(resolve_tools(tools, sandbox_for(sandbox, url)))
     except ToolSpecError as err:
         raise EvaluationError(f"--tools: {err}") from None
+    try:
+        check_sandboxes(resolved, "--tool-sandbox")
+    except ToolSpecError as err:
+        raise EvaluationError(str(err)) from None
+    return resolved
 
 
 def _tool_turns(tools: Sequence[Any], tok: Any, max_tool_turns: int) -> Any:

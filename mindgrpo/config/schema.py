@@ -328,6 +328,16 @@ class ToolsConfig:
     ``tools/timeouts``). The python tool also stops its code at its own limits (10 s, 5 CPU seconds)."""
     tool_parallel: int = 2
     """Worker processes (per rank) running tool calls; the calls of turns that end together run side by side."""
+    tool_sandbox: str = "bwrap"
+    """Where the python tool runs the model's code (docs/sandbox.md). ``bwrap``: in new user, PID, mount, network,
+    IPC and UTS namespaces with a read-only file system, a scratch tmpfs and a seccomp filter (bubblewrap, installed
+    with mindgrpo); where the kernel refuses namespaces the run stops before it builds anything and says how to allow
+    them. ``remote``: posted to a SandboxFusion-compatible service at ``tool_sandbox_url``. ``process``: a plain
+    child process with limits and an audit hook, which isolates nothing from code written to escape it (trusted
+    models, or a machine that holds nothing else)."""
+    tool_sandbox_url: str = ""
+    """The SandboxFusion-compatible ``/run_code`` endpoint for ``tool_sandbox: remote``, e.g.
+    ``http://sandbox:8080/run_code`` (checked to run ``6 * 7`` before the run starts)."""
 
 
 @dataclass

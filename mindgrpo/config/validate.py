@@ -17,7 +17,7 @@ from mindgrpo.algorithm.registry import (LORA_TARGET_MODULES, COMPUTE_DTYPES, DE
                                          LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
                                          PARAM_DTYPES,
                                          REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
-                                         canonical)
+                                         TOOL_SANDBOXES, canonical)
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
 
@@ -40,6 +40,7 @@ CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
     "generate_config.backend": (ROLLOUT_BACKENDS, None),
     "generate_config.decode_impl": (DECODE_IMPLS, None),
     "reward_config.aggregation": (REWARD_AGGREGATIONS, None),
+    "rl_config.tool_sandbox": (TOOL_SANDBOXES, None),
 }
 
 
@@ -191,6 +192,12 @@ def _tool_problems(config: GRPOConfig) -> List[str]:
                 for key in ("max_tool_turns", "max_tool_response_tokens", "tool_parallel") if getattr(rl, key) < 1]
     if not rl.tool_timeout > 0:
         problems.append(f"rl_config.tool_timeout = {rl.tool_timeout}: must be a positive number of seconds")
+    if rl.tool_sandbox == "remote" and not rl.tool_sandbox_url.startswith(("http://", "https://")):
+        problems.append(f"rl_config.tool_sandbox_url = {rl.tool_sandbox_url!r}: tool_sandbox remote needs the "
+                        "service's http(s) /run_code URL, e.g. http://sandbox:8080/run_code")
+    elif rl.tool_sandbox != "remote" and rl.tool_sandbox_url:
+        problems.append(f"rl_config.tool_sandbox_url is set but rl_config.tool_sandbox = {rl.tool_sandbox}: set "
+                        "tool_sandbox: remote to send the code there, or leave the URL empty")
     if not rl.tools:
         return problems
     if config.generate_config.backend != "native":

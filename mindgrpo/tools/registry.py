@@ -1,4 +1,5 @@
-"""Tools a rollout may call: the built-in ``calculator`` and ``python``, and user tools given as ``module:function``.
+"""Tools a rollout may call: the built-in ``calculator`` and ``python``, and user tools given as ``module:function``;
+and the python tool's sandboxes by name (``rl_config.tool_sandbox``).
 
 A tool is a top-level Python function (worker processes import it by name) and its JSON signature, the
 ``{"type": "function", "function": {...}}`` object the prompt's system turn lists (:mod:`mindgrpo.tools.format`).
@@ -10,11 +11,14 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Sequence, Tuple
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 from mindgrpo._spec import import_spec
+from mindgrpo.tools.bwrap import BwrapSandbox
 from mindgrpo.tools.calculator import calculator
-from mindgrpo.tools.sandbox import run_python
+from mindgrpo.tools.interpreter import ProcessSandbox
+from mindgrpo.tools.remote import RemoteSandbox
+from mindgrpo.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 SIGNATURE_MARK = "__mindgrpo_tool_signature__"
 
@@ -29,6 +33,8 @@ class Tool:
     function: Callable[..., Any]
     signature: Mapping[str, Any]
     """``{"type": "function", "function": {"name", "description", "parameters"}}``"""
+    sandbox: Optional[Sandbox] = None
+    """Where it runs model-written code (the python tool): :func:`check_sandboxes` before a run starts."""
 
     def check_arguments(self, arguments: Mapping[str, Any]) -> str:
         """Why ``function(**arguments)`` cannot be called ("" when it can): said to the model, not raised."""
@@ -40,13 +46,54 @@ class Tool:
         return ""
 
 
-def python(code: str) -> str:
-    """Run Python code in a sandbox and return what it prints (and the value of a last bare expression).
+# The python tool's sandboxes by their rl_config.tool_sandbox names (mindgrpo.algorithm.registry.TOOL_SANDBOXES),
+# each made from rl_config.tool_sandbox_url (which only the remote one reads).
+SANDBOXES: Dict[str, Callable[[str], Sandbox]] = {"bwrap": lambda url: BwrapSandbox(),
+                                                  "process": lambda url: ProcessSandbox(),
+                                                  "remote": lambda url: RemoteSandbox(url)}
 
-    Args:
-        code: the Python source to run; there is no network and only a scratch folder to write in
-    """
-    return run_python(code).text()
+
+def sandbox_for(mode: str, url: str = "") -> Sandbox:
+    """The sandbox ``rl_config.tool_sandbox`` (and ``tool_sandbox_url``) name."""
+    if mode not in SANDBOXES:
+        raise ToolSpecError(f"unknown tool sandbox {mode!r}: choose one of {', '.join(SANDBOXES)}")
+    return SANDBOXES[mode](url)
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), sandbox: Optional[Sandbox] = None) -> SandboxResult:
+    """Run ``code`` as the python tool does, in ``sandbox`` (default: ``bwrap``)."""
+    return (sandbox or BwrapSandbox()).run(code, limits)
+
+
+@dataclass(frozen=True)
+class PythonTool:
+    """The built-in ``python`` tool, bound to the run's sandbox: pickled by value into the tool workers, so every
+    call runs where ``rl_config.tool_sandbox`` says."""
+    sandbox: Sandbox
+    limits: SandboxLimits = SandboxLimits()
+
+    def __call__(self, code: str) -> str:
+        return self.sandbox.run(code, self.limits).text()
+
+
+# Written out rather than read from a docstring: prompts converted with --tools python carry it, and a run refuses
+# data whose signatures differ from the tools' (mindgrpo.train.preflight.check_dataset_tools).
+PYTHON_SIGNATURE = {"type": "function", "function": {
+    "name": "python",
+    "description": "Run Python code in a sandbox and return what it prints (and the value of a last bare expression).",
+    "parameters": {"type": "object", "properties": {"code": {
+        "type": "string", "description": "the Python source to run; there is no network and only a scratch folder "
+                                         "to write in"}}, "required": ["code"]},
+    "return": {"type": "string"}}}
+
+
+def check_sandboxes(tools: Sequence[Tool], key: str = "the python tool's sandbox") -> None:
+    """A ToolSpecError naming ``key`` (the config key or flag that chose the sandbox) when a tool's sandbox cannot run
+    on this machine: refuse, don't degrade."""
+    for tool in tools:
+        problem = tool.sandbox.problem() if tool.sandbox is not None else ""
+        if problem:
+            raise ToolSpecError(f"{key} = {tool.sandbox.mode}: {problem}")
 
 
 def tool_signature(description: str, parameters: Mapping[str, Any]):
@@ -75,17 +122,19 @@ def _builtin(function: Callable) -> Tool:
     return Tool(function.__name__, function, _docstring_signature(function, function.__name__))
 
 
-BUILTIN_TOOLS: Dict[str, Callable[[], Tool]] = {"calculator": lambda: _builtin(calculator),
-                                                "python": lambda: _builtin(python)}
+BUILTIN_TOOLS: Dict[str, Callable[[Sandbox], Tool]] = {
+    "calculator": lambda sandbox: _builtin(calculator),
+    "python": lambda sandbox: Tool("python", PythonTool(sandbox), PYTHON_SIGNATURE, sandbox)}
 
 
-def resolve_tool(spec: str) -> Tool:
-    """The tool a name (built-in) or a ``package.module:function`` spec stands for."""
+def resolve_tool(spec: str, sandbox: Optional[Sandbox] = None) -> Tool:
+    """The tool a name (built-in) or a ``package.module:function`` spec stands for; the python tool runs its code in
+    ``sandbox`` (default: ``bwrap``)."""
     if ":" not in spec:
         if spec not in BUILTIN_TOOLS:
             raise ToolSpecError(f"unknown tool {spec!r}: the built-in tools are {', '.join(BUILTIN_TOOLS)}; give a "
                                 "tool of your own as 'package.module:function'")
-        return BUILTIN_TOOLS[spec]()
+        return BUILTIN_TOOLS[spec](sandbox or BwrapSandbox())
     function = import_spec(spec, "tool", ToolSpecError)
     if not inspect.isfunction(function):
         raise ToolSpecError(f"tool {spec!r} is a {type(function).__name__}, not a function: worker processes import "
@@ -94,9 +143,9 @@ def resolve_tool(spec: str) -> Tool:
     return Tool(signature["function"]["name"], function, signature)
 
 
-def resolve_tools(specs: Sequence[str]) -> Tuple[Tool, ...]:
-    """The tools of ``rl_config.tools``, each name once."""
-    tools = tuple(resolve_tool(spec) for spec in specs)
+def resolve_tools(specs: Sequence[str], sandbox: Optional[Sandbox] = None) -> Tuple[Tool, ...]:
+    """The tools of ``rl_config.tools``, each name once (the python tool in ``sandbox``, default ``bwrap``)."""
+    tools = tuple(resolve_tool(spec, sandbox) for spec in specs)
     names = [tool.name for tool in tools]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:

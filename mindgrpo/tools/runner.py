@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Sequence
 
 from mindgrpo.tools.format import ToolCall
-from mindgrpo.tools.registry import Tool
+from mindgrpo.tools.registry import Tool, check_sandboxes
 from mindgrpo.workers import WorkerPool
 
 
@@ -33,9 +33,11 @@ def invoke(function: Callable[..., Any], arguments: Mapping[str, Any]) -> str:
 
 
 class ToolRunner:
-    """The run's tools, called ``processes`` at a time, each call cut at ``timeout`` seconds."""
+    """The run's tools, called ``processes`` at a time, each call cut at ``timeout`` seconds. A tool whose sandbox
+    cannot run on this machine is refused here (ToolSpecError), whatever path built the runner."""
 
     def __init__(self, tools: Sequence[Tool], processes: int, timeout: float):
+        check_sandboxes(tools)
         self.tools: Dict[str, Tool] = {tool.name: tool for tool in tools}
         self.timeout = float(timeout)
         self.pool = WorkerPool({"invoke": invoke}, processes, timeout=timeout, kind="tool")

@@ -68,15 +68,22 @@ def preflight(config: "GRPOConfig", *, check_paths: bool = True) -> RunInputs:
 
 def run_tools(config: "GRPOConfig") -> Tuple["Tool", ...]:
     """The tools of ``rl_config.tools``, resolved: a misspelled name or a user tool that does not import is a
-    check."""
-    if not config.rl_config.tools:
+    check, and so is the python tool's sandbox (``rl_config.tool_sandbox``): where it cannot run (the kernel refuses
+    bwrap's namespaces, the remote service does not answer) the run stops here, never runs the code unisolated."""
+    rl = config.rl_config
+    if not rl.tools:
         return ()
-    from mindgrpo.tools.registry import resolve_tools
+    from mindgrpo.tools.registry import check_sandboxes, resolve_tools, sandbox_for
 
     try:
-        return resolve_tools(config.rl_config.tools)
+        tools = resolve_tools(rl.tools, sandbox_for(rl.tool_sandbox, rl.tool_sandbox_url))
     except ValueError as err:  # ToolSpecError
         raise ConfigError(f"rl_config.tools: {err}") from None
+    try:
+        check_sandboxes(tools, "rl_config.tool_sandbox")
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    return tools
 
 
 def check_dataset_tools(dataset: PromptDataset, specs: Sequence[str], tools: Tuple["Tool", ...]) -> None:
