@@ -236,3 +236,54 @@ def test_a_run_stopped_mid_rollout_leaves_no_call_behind_and_the_next_rollout_is
     result, stats, spans = tool_rollout(tool_engine, [ToolCall("calculator", {"expression": "127 * 46"})],
                                         monkeypatch)
     assert any(spans) and all(inner == "5842" for row in spans for inner in row) and stats["errors"] == 0
+
+
+PROMPT_LENGTH = 1024  # the demo tokenizer spends about 950 tokens on a prompt offering both tools
+FAILING = [ToolCall("python", {"code": "try:\n    print(open('/etc/passwd').read())\nexcept OSError as err:\n"
+                                         "    print(type(err).__name__)"}),
+           ToolCall(error="the tool call is not valid JSON (Expecting value at character 0)"),
+           ToolCall("websearch", {"q": "weather"}), ToolCall("calculator", {"expression": "1 / 0"})]
+
+
+@pytest.fixture(scope="module")
+def failing_tool_run(tmp_path_factory, demo_plain):
+    """One GRPO step of the demo model with the calculator and the python tool (in its bwrap sandbox), in which each
+    model turn makes the next of FAILING's calls."""
+    import itertools
+    import json
+    import shutil
+
+    from conftest import convert_demo_rows, small_run_config
+    from mindgrpo.tools import turns
+    from mindgrpo.train.trainer import GRPOTrainer
+
+    folder = tmp_path_factory.mktemp("failing_tools")
+    shutil.copytree(demo_plain.model_dir, folder / "model")
+    config = json.loads((folder / "model" / "config.json").read_text())
+    config["max_position_embeddings"] = 2048  # room for the tool system turn (RoPE: only the limit changes)
+    (folder / "model" / "config.json").write_text(json.dumps(config))
+    prompts = convert_demo_rows(folder, demo_plain, 4, max_prompt_length=PROMPT_LENGTH,
+                                tools=["calculator", "python"])
+    run = small_run_config(folder / "run", prompts, folder / "model", max_prompt_length=PROMPT_LENGTH,
+                           seq_length=PROMPT_LENGTH + 256, max_tokens=256, verifiers=["accuracy"], mode="pynative",
+                           tools=["calculator", "python"], max_tool_turns=2, max_tool_response_tokens=12,
+                           max_steps=1, save_ckpt_interval=0)
+    calls = itertools.cycle(FAILING)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(turns, "parse_calls", lambda text: [next(calls)])  # the random demo model writes no call
+        trainer = GRPOTrainer(run)
+        metrics = trainer.train()
+    return trainer, metrics
+
+
+def test_a_run_whose_tool_calls_all_fail_trains_on_the_models_tokens_only_and_goes_on(failing_tool_run):
+    trainer, metrics = failing_tool_run
+    rollouts = trainer.last_rollouts
+    tool = rollouts.tool_mask.astype(bool)
+    assert tool.any() and trainer.step == 1 and np.isfinite(metrics["actor/loss"])
+    np.testing.assert_array_equal(rollouts.loss_mask, rollouts.completion_mask * ~tool)
+    answers = [trainer.tokenizer.decode(ids[mask], skip_special_tokens=False).split("<tool_response>\n")[1]
+               for ids, mask in zip(rollouts.completion_ids, tool) if mask.any()]
+    assert all(answer.startswith(("Error: ", "PermissionError\n")) for answer in answers), answers  # no root: line
+    assert any(answer.startswith("PermissionError\n") for answer in answers)  # the python tool's sandbox answered
+    assert metrics["tools/errors"] > 0 and metrics["tools/response_tokens_per_completion"] > 0
