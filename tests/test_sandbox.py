@@ -6,6 +6,7 @@ import ast
 import os
 import re
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from mindgrpo.tools.bwrap import BWRAP_ENV, ENV, SANDBOX_UID, SCRATCH, find_bwra
 from mindgrpo.tools.seccomp import ARCHES, CLONE_THREAD, DENIED, program
 
 from conftest import small_run_config
-from sandbox_attacks import UNHOOK_GC
+from sandbox_attacks import UNHOOK_GC, processes_named
 
 LIMITS = SandboxLimits(wall_seconds=10, cpu_seconds=5)
 
@@ -195,3 +196,37 @@ def test_the_system_call_numbers_are_the_kernels(machine):
         pytest.skip(f"no {HEADERS[machine]} on this machine")
     numbers = {name: int(nr) for name, nr in re.findall(r"#define __NR_(\w+)\s+(\d+)\b", HEADERS[machine].read_text())}
     assert {name: numbers.get(name) for name in ARCHES[machine].numbers} == ARCHES[machine].numbers
+
+
+def test_what_the_sandbox_does_not_hide():
+    """Read-only, the code sees the system's libraries (/usr), the interpreter's folders with every installed package,
+    and this machine's CPU and kernel; outside, its processes are the trainer's user (root here), with no capability."""
+    import threading
+
+    import numpy
+
+    marker = f"mgu{os.getpid()}"
+    os_release = Path("/usr/lib/os-release")
+    files = [os_release] if os_release.is_file() else []
+    files += [Path(numpy.__file__), Path("/proc/version")]
+    code = UNHOOK_GC + f"open('/proc/self/comm', 'w').write({marker!r})\nimport time\n" + "".join(
+        f"print(open({str(path)!r}).read() == {path.read_text()!r})\n" for path in files) + \
+        "print(next(line for line in open('/proc/cpuinfo') if line.startswith('model name')))\ntime.sleep(3)\n"
+    outcome = {}
+    call = threading.Thread(target=lambda: outcome.update(result=run_python(code, LIMITS)))
+    call.start()
+    try:
+        for _ in range(100):
+            found = processes_named(marker)
+            if found:
+                with open(f"/proc/{found[0]}/status") as status:
+                    fields = dict(line.split(":", 1) for line in status)
+                break
+            time.sleep(0.05)
+    finally:
+        call.join()
+    assert int(fields["Uid"].split()[0]) == os.getuid() and int(fields["CapEff"], 16) == 0
+    lines = outcome["result"].output.splitlines()
+    assert lines[:len(files)] == ["True"] * len(files), lines
+    with open("/proc/cpuinfo") as cpuinfo:
+        assert lines[len(files)] == next(line for line in cpuinfo if line.startswith("model name")).rstrip("\n")
