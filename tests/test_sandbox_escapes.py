@@ -269,7 +269,7 @@ def escape():
         if os.fork() == 0:
             os.closerange(0, 1024)  # holds no pipe of the parent's: the parent sees the call end
             open("/proc/self/comm", "w").write({marker!r})
-            time.sleep(2)
+            time.sleep(1)
             for act in (lambda: open({C!r}, "w").write("written later"), lambda: os.kill({pid}, 9)):
                 try:
                     act()
@@ -322,7 +322,7 @@ def run_attack(attack: str, world: World, sandbox, prelude: str = "") -> str:
     """The attack's output; with the hook switched off, checked to have run every step (ended with END)."""
     result = sandbox.run(ATTEMPT + prelude + ATTACKS[attack].format(**world.fields) + "\nprint('END')", LIMITS)
     if attack == "outlive":
-        time.sleep(3)  # the grandchild would act 2 s after the call
+        time.sleep(2)  # the grandchild would act 1 s after the call
     assert not prelude or result.output.endswith("END\n"), result.output
     return result.output
 
@@ -383,7 +383,7 @@ def test_the_pid_namespace_alone_ends_what_outlives_the_call(world):
     output = sandbox.run(ATTEMPT + UNHOOK_GC + ATTACKS["outlive"].format(**world.fields), LIMITS).output
     assert "double fork DONE" in output, output  # it did start
     assert processes_named(world.marker) == []
-    time.sleep(3)
+    time.sleep(2)
     assert not world.reached(output)
 
 
