@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -144,7 +145,7 @@ class BwrapSandbox(Sandbox):
                 proc = start(bwrap_command(binary, rules, info, limits), code, env=ENV, pass_fds=(rules, info))
             finally:
                 os.close(info)  # bwrap's copy writes it; the end of file comes when bwrap closes that
-            init = _init_pidfd(info_out)
+            init = _init_pidfd(info_out, limits.wall_seconds)
             if init is not None:
                 fds.callback(os.close, init)
             output, timed_out, truncated = collect(proc, limits, kill=lambda p: _kill(init, p))
@@ -166,20 +167,29 @@ def _pipe_holding(data: bytes, fds: ExitStack) -> int:
     return read
 
 
-def _init_pidfd(info_out: int) -> Optional[int]:
-    """A pidfd of the namespace's PID 1 (bwrap's init), from bwrap's ``--info-fd`` (written, then closed, before the
-    interpreter starts); None when bwrap stopped before making the namespace. Opened while bwrap, its parent, still
-    waits for it, so the number cannot name another process yet."""
-    data = b""
-    while True:
+def _init_pidfd(info_out: int, timeout: float) -> Optional[int]:
+    """A pidfd of the namespace's PID 1 (bwrap's init), from bwrap's ``--info-fd`` (written, then closed, as the
+    namespace is made); None when bwrap stopped before making it, said nothing within ``timeout``, or PID 1 is already
+    gone. Opened while bwrap, its parent, still waits for it, and checked to be in the new PID namespace: the number
+    names no other process."""
+    data, deadline = b"", time.monotonic() + timeout
+    while select.select([info_out], [], [], max(0.0, deadline - time.monotonic()))[0]:
         chunk = os.read(info_out, 4096)
         if not chunk:
             break
         data += chunk
     try:
-        return os.pidfd_open(json.loads(data)["child-pid"])
+        info = json.loads(data)
+        init = os.pidfd_open(info["child-pid"])
     except (ValueError, KeyError, ProcessLookupError):
         return None
+    try:
+        if os.readlink(f"/proc/{info['child-pid']}/ns/pid") == f"pid:[{info['pid-namespace']}]":
+            return init
+    except OSError:  # gone meanwhile
+        pass
+    os.close(init)
+    return None
 
 
 def _kill(init: Optional[int], proc: subprocess.Popen) -> None:
