@@ -9,13 +9,13 @@ interpreter of :mod:`mindgrpo.tools.interpreter` in a world of its own that the 
   ``zero``, ``random`` and ``urandom``; and ``/tmp``, a tmpfs of ``scratch_bytes``, the one writable place, its
   home and current folder. Nothing else of the machine has a name in there: not the run's checkpoints, not the
   home folder, not the trainer's processes.
-- **No descriptor of the trainer's**: the interpreter inherits stdin (the code), stdout/stderr (one pipe back) and
-  nothing else (the seccomp program's pipe is closed by bwrap once read).
+- **No descriptor of the trainer's**: the interpreter holds stdin (the code, then ``/dev/null``), stdout/stderr (one
+  pipe back) and nothing else (bwrap closes the seccomp program's pipe and its info pipe before it starts it).
 - **A seccomp filter** (:mod:`mindgrpo.tools.seccomp`): no new processes, namespaces or mounts, no ``ptrace`` and
   the other calls escapes go through.
-- **One life**: bwrap is PID 1 of the namespace; when the interpreter ends, or the wall time kills the session, or
-  the worker that started it dies (``--die-with-parent``), PID 1 goes and the kernel kills everything in the
-  namespace with it.
+- **One life**: bwrap is PID 1 of the namespace; when the interpreter ends, or the wall time or the output limit has
+  PID 1 killed, or the worker that started it dies (``--die-with-parent``), PID 1 goes and the kernel kills
+  everything in the namespace with it. A call returns only once PID 1 is gone: nothing of the code runs on.
 - The interpreter's own limits (CPU, address space, file size, open files) and its audit hook, which only turns the
   kernel's refusals into errors the model can read.
 
