@@ -43,9 +43,13 @@ setup(
         # torch 2.13.0 is the CPU build on the development image; elsewhere install torch's CPU wheel first.
         # pytest-xdist runs the suite on two workers (the README's `pytest -n 2`).
         # peft: the LoRA parity and export tests load our adapters with PEFT itself.
+        # gguf: `mindgrpo fetch` converts a real Qwen2.5, which the real-weights parity tests compare.
         # The suite itself is checked on one pair (CI's): the test extra pins it.
         "test": ["mindspore==2.9.0", "mindformers==1.9.0", "pytest", "pytest-xdist>=3.6", "hypothesis",
-                 "torch==2.13.0", "peft==0.18.0", "matplotlib", "nbclient", "nbformat", "ipykernel"],
+                 "torch==2.13.0", "peft==0.18.0", "gguf==0.19.0", "matplotlib", "nbclient", "nbformat",
+                 "ipykernel"],
+        # `mindgrpo fetch`: transformers' GGUF loader needs gguf and torch (install torch's CPU wheel first)
+        "fetch": ["gguf", "torch"],
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["mindgrpo=mindgrpo.cli:main"]},

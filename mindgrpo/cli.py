@@ -9,6 +9,8 @@ Commands:
   chat          talk to a model or run folder: its chat template, streamed answers, history; --prompt for one
                 answer; --image for Qwen2.5-VL
   merge         a LoRA run's adapter folder merged into its base as a plain Hugging Face folder
+  fetch         a real Qwen2.5 (qwen2.5-coder-0.5b-instruct, or any GGUF Qwen2 file) as a float32 Hugging Face
+                folder: downloaded, checked, dequantized and cached
   plot          training curves of one or more runs as PNGs (as tools/plot_metrics.py)
   samples       a run's completions that match filters (step, reward, verifier, length, --grep), printed or as
                 one HTML page: finding the "aha moment"
@@ -34,6 +36,7 @@ COMMANDS = {
     "eval": "mindgrpo.apps.eval_cli:main",
     "chat": "mindgrpo.apps.chat_cli:main",
     "merge": "mindgrpo.apps.merge_cli:main",
+    "fetch": "mindgrpo.apps.fetch:main",
     "plot": "mindgrpo.apps.plot_cli:main",
     "samples": "mindgrpo.apps.samples_cli:main",
     "doctor": "mindgrpo.apps.doctor:main",

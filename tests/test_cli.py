@@ -17,7 +17,7 @@ DEMO_CONFIG = REPO / "examples" / "grpo" / "grpo_demo.yaml"
 # One option each command's --help must name (besides -h).
 OPTIONS = {"train": "--verifier_function", "data": "--output_path", "eval": "--max-new-tokens", "plot": "--smooth",
            "merge": "--base", "samples": "--grep", "chat": "--max-new-tokens",
-           "doctor": "--master_port", "plan": "--device-memory", "config-help": "--help"}
+           "doctor": "--master_port", "plan": "--device-memory", "fetch": "--out", "config-help": "--help"}
 
 
 def test_every_command_is_tested():

@@ -34,6 +34,9 @@ REWARD_AGGREGATIONS: Tuple[str, ...] = ("sum_then_normalize", "normalize_then_su
 # Rollout engines (rollout/backends/) and the native engine's decode step (fused kernels or plain ops).
 ROLLOUT_BACKENDS: Tuple[str, ...] = ("native", "mindformers", "vllm")
 DECODE_IMPLS: Tuple[str, ...] = ("fused", "plain")
+# How the vocabulary head and its log-softmax run in the training-side passes (ops/head_logprobs.py): one chunked
+# kernel that never holds [tokens, vocab], or the plain ops (logits, then log_softmax) it is tested against.
+HEAD_IMPLS: Tuple[str, ...] = ("fused", "plain")
 # Learning-rate schedules (train/optim.py), with MindRLHF's names as aliases.
 LR_SCHEDULES: Tuple[str, ...] = ("constant", "cosine", "linear")
 LR_SCHEDULE_ALIASES: Mapping[str, str] = {"CosineWithWarmUpLR": "cosine", "cosine_with_warmup": "cosine",

@@ -123,6 +123,12 @@ class ActorConfig:
     rank's prompts) prompts where a padded one computes rows / num_generations: with few rows per forward, many
     prompts per rank and every completion at the limit, that costs more than the padding saved. Needs
     rl_config.share_prompt: true."""
+    head_impl: str = "fused"
+    """How the actor's and the reference's log-probs leave the last layer: ``fused`` (the vocabulary head, log-softmax
+    and entropy as one chunked CPU kernel that never holds a [tokens, vocab] tensor, nor its gradient: at Qwen2.5's
+    151,936-token vocabulary each such float32 tensor is 0.6 MB a token, and a compiled CPU graph keeps several;
+    float32 heads on CPU without tensor parallelism or the entropy bonus, elsewhere the plain ops run) or ``plain``
+    (logits, then log_softmax: the reference)."""
     recompute: bool = False
     """Recompute each decoder layer in the actor's backward (``Cell.recompute()`` on every layer of the
     shared-prompt forward): only each layer's input hidden state is kept, and one layer's activations are rebuilt

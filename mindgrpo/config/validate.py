@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from mindgrpo.algorithm.registry import (LORA_TARGET_MODULES, COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
-                                         GRAD_REDUCE_DTYPES, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES, KL_ESTIMATORS,
-                                         LOSS_IMPLS, LOSS_TYPES, LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS,
-                                         PARAM_DTYPES,
+from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
+                                         GRAD_REDUCE_DTYPES, HEAD_IMPLS, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES,
+                                         KL_ESTIMATORS, LORA_TARGET_MODULES, LOSS_IMPLS, LOSS_TYPES,
+                                         LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS, PARAM_DTYPES,
                                          REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
                                          TOOL_SANDBOXES, canonical)
 from mindgrpo.config.derived import Derived
@@ -39,6 +39,7 @@ CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
     "actor_config.lr_schedule.type": (LR_SCHEDULES, LR_SCHEDULE_ALIASES),
     "generate_config.backend": (ROLLOUT_BACKENDS, None),
     "generate_config.decode_impl": (DECODE_IMPLS, None),
+    "actor_config.head_impl": (HEAD_IMPLS, None),
     "reward_config.aggregation": (REWARD_AGGREGATIONS, None),
     "rl_config.tool_sandbox": (TOOL_SANDBOXES, None),
 }

@@ -47,7 +47,7 @@ QWEN25_CHAT_TEMPLATE = (
 )
 
 # Files next to the model files that save_pretrained copies along (settings, not vocabulary).
-_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+_SIDE_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja")
 
 
 class TokenizerError(ValueError):
@@ -264,7 +264,8 @@ def load_tokenizer(path: PathLike, merges_file: Optional[PathLike] = None) -> To
     `path` is a model folder (``tokenizer.json`` preferred, else ``vocab.json`` + ``merges.txt``), or a
     ``vocab.json`` file together with `merges_file` (MindRLHF's ``--vocab_path`` / ``--merges_file_path``).
     ``tokenizer_config.json`` and ``generation_config.json`` next to the files supply the chat template,
-    pad/eos tokens and, for vocab + merges, the added tokens.
+    pad/eos tokens and, for vocab + merges, the added tokens; a ``chat_template.jinja`` (transformers' own file
+    since 4.47) gives the chat template instead.
     """
     path = Path(path)
     if path.is_dir():
@@ -289,6 +290,9 @@ def load_tokenizer(path: PathLike, merges_file: Optional[PathLike] = None) -> To
 
     config_path = folder / "tokenizer_config.json"
     config = _read_json(config_path) if config_path.is_file() else {}
+    template_path = folder / "chat_template.jinja"  # where transformers >= 4.47 saves it; it wins, as there
+    if template_path.is_file():
+        config["chat_template"] = template_path.read_text(encoding="utf-8")
     gen_path = folder / "generation_config.json"
     generation_config = _read_json(gen_path) if gen_path.is_file() else {}
 

@@ -70,6 +70,10 @@ class CompletionForward(FullSequenceForward):
     INPUTS = ("input_ids", "attention_mask", "completion_ids")
     """The names of the inputs, for :mod:`mindgrpo.train.step_batch`."""
 
+    def __init__(self, model: Qwen2Model, max_positions: int, adapters: bool = True, head_outside: bool = False):
+        super().__init__(model, max_positions, adapters)
+        self.head_outside = head_outside
+
     def construct(self, input_ids, attention_mask, completion_ids):
         b, s = input_ids.shape
         width = completion_ids.shape[1]
@@ -77,4 +81,4 @@ class CompletionForward(FullSequenceForward):
         x = self._hidden_rows(table, input_ids, attention_mask, None, None, None).reshape((b, s, -1))
         # The hidden state at position i predicts token i + 1: the completion is predicted from s - width - 1 on.
         rows = x[:, s - width - 1: s - 1].reshape((b * width, -1))
-        return self._logits_rows(rows, head).reshape((b, width, -1))
+        return self._pass_output(rows, head, (b, width))

@@ -39,9 +39,11 @@ class PackedPromptForward(PromptBlocks):
     host computes as it computes the text ones.
     """
 
-    def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False, adapters: bool = True):
+    def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False, adapters: bool = True,
+                 head_outside: bool = False):
         weights = Qwen2Weights(model, adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
+        self.head_outside = head_outside
         self.layers = nn.CellList([PackedPromptLayer(weights.layer(i)) for i in range(self.num_layers)],
                                     auto_prefix=False)
         if recompute:
@@ -70,7 +72,7 @@ class PackedPromptForward(PromptBlocks):
         bias_completion = self._packed_bias(valid, segments, row_prompt)
         for layer in self.layers:
             x = layer(x, cos, sin, bias_prompt, bias_completion, row_prompt)
-        return self._logits_rows(ops.gather(x, source, 0), head).reshape((r, w, -1))
+        return self._pass_output(ops.gather(x, source, 0), head, (r, w))
 
     def _packed_bias(self, valid, segments, row_prompt):
         """Additive float32 bias [R, W * groups, P + W] for completion queries (built once, shared by every layer and

@@ -221,27 +221,32 @@ class Qwen2Model(nn.Cell):
 
         return FullSequenceForward(self, max_positions, adapters)
 
-    def completions(self, max_positions: int, adapters: bool = True) -> nn.Cell:
+    # ``head_outside``: the pass returns the normed final states and the head weight instead of the logits, for a
+    # caller that applies the head itself (mindgrpo.ops.head_logprobs).
+    def completions(self, max_positions: int, adapters: bool = True, head_outside: bool = False) -> nn.Cell:
         """``[prompt | completion]`` rows: ``(input_ids, attention_mask, completion_ids)`` -> the completions' logits
         (:class:`~mindgrpo.models.full_sequence.CompletionForward`)."""
         from mindgrpo.models.full_sequence import CompletionForward
 
-        return CompletionForward(self, max_positions, adapters)
+        return CompletionForward(self, max_positions, adapters, head_outside=head_outside)
 
     def shared_prompt(self, num_generations: int, max_positions: int, recompute: bool = False,
-                      adapters: bool = True) -> nn.Cell:
+                      adapters: bool = True, head_outside: bool = False) -> nn.Cell:
         """Each group's prompt once, its completions attending to it
         (:class:`~mindgrpo.models.shared_prompt.SharedPromptForward`)."""
         from mindgrpo.models.shared_prompt import SharedPromptForward
 
-        return SharedPromptForward(self, num_generations, max_positions, recompute=recompute, adapters=adapters)
+        return SharedPromptForward(self, num_generations, max_positions, recompute=recompute, adapters=adapters,
+                                   head_outside=head_outside)
 
-    def packed(self, max_positions: int, recompute: bool = False, adapters: bool = True) -> nn.Cell:
+    def packed(self, max_positions: int, recompute: bool = False, adapters: bool = True,
+               head_outside: bool = False) -> nn.Cell:
         """Several groups' prompts and completions packed into fixed rows
         (:class:`~mindgrpo.models.packed_prompt.PackedPromptForward`)."""
         from mindgrpo.models.packed_prompt import PackedPromptForward
 
-        return PackedPromptForward(self, max_positions, recompute=recompute, adapters=adapters)
+        return PackedPromptForward(self, max_positions, recompute=recompute, adapters=adapters,
+                                   head_outside=head_outside)
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",

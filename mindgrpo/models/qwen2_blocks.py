@@ -252,6 +252,7 @@ class Qwen2Blocks(nn.Cell):
         self.bmm = ops.BatchMatMul()
         self.matmul_t = ops.MatMul(transpose_b=True)  # x [rows, in] @ W[out, in]^T with W as stored
         self.softmax = Softmax()
+        self.head_outside = False  # a training-side pass may return the normed states instead (``_pass_output``)
 
     # Layout: between attention blocks the hidden states are feature-major, hT [hidden, rows], so every weight
     # product is ``W @ hT`` with the [out, in] weight as stored. MindSpore's CPU MatMul with ``transpose_b`` (what
@@ -454,6 +455,19 @@ class Qwen2Blocks(nn.Cell):
         """float32 logits [rows, vocab of this rank] of final hidden states x [rows, hidden]: with tensor
         parallelism each rank projects onto its own vocabulary slice (see mindgrpo.parallel.layers)."""
         return self._f32(self.matmul_t(self.comm.enter(self._rms_norm_rows(x, self._param(1))), self._head(head)))
+
+    def head_requires_grad(self) -> bool:
+        """Whether the head's weight trains (full parameters; frozen under LoRA and in frozen roles)."""
+        return bool(self.weights[self.lm_head].requires_grad)
+
+    def _pass_output(self, x, head, shape: tuple):
+        """A training-side pass's result from its final hidden states x [rows, hidden] (rows = prod(shape)): the
+        logits ``[*shape, vocab]``, or with ``head_outside`` (set by the pass: the caller applies the head itself,
+        :mod:`mindgrpo.ops.head_logprobs`) the normed states ``[*shape, hidden]`` and the head weight as this
+        graph read it (a tied head is the embedding table's one read)."""
+        if self.head_outside:
+            return self._f32(self._rms_norm_rows(x, self._param(1))).reshape(shape + (-1,)), self._head(head)
+        return self._logits_rows(x, head).reshape(shape + (-1,))
 
     def _scores_softmax(self, scores, bias):
         return self._compute(self.softmax(self._f32(scores) * self.scale + bias))

@@ -78,9 +78,10 @@ class SharedPromptForward(PromptBlocks):
     """
 
     def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False,
-                 adapters: bool = True):
+                 adapters: bool = True, head_outside: bool = False):
         weights = Qwen2Weights(model, adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
+        self.head_outside = head_outside
         self.num_generations = num_generations
         self.layers = nn.CellList([SharedPromptLayer(weights.layer(i), num_generations)
                                    for i in range(self.num_layers)], auto_prefix=False)
@@ -123,7 +124,7 @@ class SharedPromptForward(PromptBlocks):
         last_prompt = ops.tile(x[:split].reshape((ng, 1, p, hidden))[:, :, p - 1:], (1, g, 1, 1))  # [NG, G, 1, H]
         completion = x[split:].reshape((ng, g, t, hidden))[:, :, :t - 1]
         predict = ops.concat((last_prompt, completion), 2).reshape((n * t, hidden))
-        return self._logits_rows(predict, head).reshape((n, t, -1))
+        return self._pass_output(predict, head, (n, t))
 
     def _completion_bias(self, valid, p: int, t: int):
         """Additive float32 bias [NG * G, T * groups, P + T] for completion queries (built once, shared by every layer

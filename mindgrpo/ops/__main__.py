@@ -1,4 +1,4 @@
-"""``python -m mindgrpo.ops``: compile the CPU kernels (the fused loss and the decode step) into the cache, or, with
+"""``python -m mindgrpo.ops``: compile the CPU kernels (the fused loss, the decode step and the head log-probs) into the cache, or, with
 ``--ascend``, build and install the Ascend C operators (Ascend hosts with CANN only; see mindgrpo.ops.ascend)."""
 import argparse
 import sys
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
             ascend.build_ascend_package(args.cann_path, args.install_path)
             print("installed the mindgrpo Ascend C operators (vendor 'mindgrpo')")
         else:
-            for source in (build.CPU_SOURCE, build.DECODE_STEP_SOURCE):
+            for source in build.SOURCES:
                 print(build.build_cpu_kernel(source, force=args.force))
     except build.KernelBuildError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """Compile the C++ CPU kernels once each and cache their shared libraries.
 
-Two libraries: the fused GRPO loss (``grpo_token_loss_cpu.cc``) and the native rollout's decode step
-(``decode_step_cpu.cc``). A library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a
+Three libraries: the fused GRPO loss (``grpo_token_loss_cpu.cc``), the native rollout's decode step
+(``decode_step_cpu.cc``) and the vocabulary head's log-probs (``head_logprobs_cpu.cc``, linked to the oneDNN library
+MindSpore ships, whose GEMM it calls). A library lives in ``mindgrpo._env.cache_dir()/kernels`` under a name that carries a
 hash of its source, the shared headers next to it, the compiler's identity and the exact command line, so an edited
 source, another compiler or other flags give a new file and a stale library is never loaded. ``build.sh`` runs
 this ahead of time (``python -m mindgrpo.ops``); otherwise the first use compiles it (a few seconds with g++ 12).
@@ -29,6 +30,8 @@ from mindgrpo import _env
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CPU_SOURCE = KERNEL_DIR / "grpo_token_loss_cpu.cc"
 DECODE_STEP_SOURCE = KERNEL_DIR / "decode_step_cpu.cc"
+HEAD_LOGPROBS_SOURCE = KERNEL_DIR / "head_logprobs_cpu.cc"
+SOURCES = (CPU_SOURCE, DECODE_STEP_SOURCE, HEAD_LOGPROBS_SOURCE)
 # -O3 vectorises the per-token loops (the exp is written to vectorise); OpenMP splits rows over at most as many
 # threads as the kernel asks for (it stays single-threaded below ~32k tokens per thread).
 CXXFLAGS = ("-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp", "-Wall")
@@ -39,6 +42,8 @@ def _without(source: Path) -> str:
     """How to run without the kernel built from ``source``, for the error when it cannot be built."""
     if source.name == DECODE_STEP_SOURCE.name:
         return "Set generate_config.decode_impl: plain to run without it."
+    if source.name == HEAD_LOGPROBS_SOURCE.name:
+        return "Set actor_config.head_impl: plain to run without it."
     return "Set rl_config.loss_impl: plain (LossConfig(loss_impl='plain')) to run without it."
 
 
@@ -65,8 +70,30 @@ def _compiler_identity(cxx: str) -> str:
     return out.splitlines()[0] if out else cxx
 
 
+def _link_flags(source: Path) -> list[str]:
+    """The head kernel calls oneDNN's ``dnnl_sgemm`` from the copy MindSpore ships (the library its CPU MatMul runs
+    on, already loaded in the process), found next to MindSpore's own libraries."""
+    if source.name != HEAD_LOGPROBS_SOURCE.name:
+        return []
+    libs = sorted((Path(_mindspore_dir()) / "lib").glob("libdnnl.so*"))
+    if not libs:
+        raise KernelBuildError(f"no libdnnl.so in {Path(_mindspore_dir()) / 'lib'} (MindSpore's CPU build ships it); "
+                               f"{_without(source)}")
+    return [f"-L{libs[0].parent}", f"-l:{libs[0].name}", f"-Wl,-rpath,{libs[0].parent}"]
+
+
+def _mindspore_dir() -> str:
+    """MindSpore's package folder, found without importing it (``doctor`` reads this module on a broken install)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("mindspore")
+    if spec is None or not spec.submodule_search_locations:
+        raise KernelBuildError("MindSpore is not installed")
+    return list(spec.submodule_search_locations)[0]
+
+
 def _command(cxx: str, source: Path, output: Path) -> list[str]:
-    return [cxx, *CXXFLAGS, str(source), "-o", str(output)]
+    return [cxx, *CXXFLAGS, str(source), "-o", str(output), *_link_flags(source)]
 
 
 def cpu_library_path(source: Path | None = None) -> Path:

@@ -36,7 +36,7 @@ from mindgrpo.models.vision import build_vision_tower, load_vision_weights
 from mindgrpo.models.weights import host_array
 from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
-from mindgrpo.rollout.api import TurnHandler
+from mindgrpo.rollout.api import EosIds, TurnHandler
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
@@ -52,7 +52,7 @@ class ModelWorker:
     """One rank's models and what runs on them: the actor (trained), the reference (frozen, for the KL term), the
     rollout engine on the actor's weights, and the optimizer (verl's ``ActorRolloutRefWorker``)."""
 
-    def __init__(self, config: GRPOConfig, dist: DistInfo, *, eos_token_id: int, pad_token_id: int):
+    def __init__(self, config: GRPOConfig, dist: DistInfo, *, eos_token_id: EosIds, pad_token_id: int):
         rl, actor_cfg = config.rl_config, config.actor_config
         sampling = config.generate_config.sampling_config
         self.config, self.dist = config, dist

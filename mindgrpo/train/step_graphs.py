@@ -25,6 +25,7 @@ from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logpr
 from mindgrpo.config import GRPOConfig
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.groups import DistInfo
+from mindgrpo.ops.head_logprobs import MODES as HEAD_MODES, fused_head_available, head_logprobs
 from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.step_batch import pass_inputs
@@ -41,10 +42,16 @@ class CompletionLogProbs(nn.Cell):
     the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.parallel.layers`), so
     no rank ever holds [tokens, vocab].
 
-    ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,
-    whose entropy is a metric only (the config refuses ``entropy_coef`` there)."""
+    A forward built with ``head_outside`` (:func:`completion_forward` with ``actor_config.head_impl: fused``)
+    returns the normed final states and the head weight instead, and the head, log-softmax and entropy run as one
+    chunked kernel (:mod:`mindgrpo.ops.head_logprobs`) in ``head_mode``: ``score`` without a backward, ``train``
+    or ``train_head`` (the head's weight is trained too) in the loss.
 
-    def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False):
+    ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,
+    whose entropy is a metric only (the config refuses ``entropy_coef`` there), nor with the head outside."""
+
+    def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False,
+                 head_mode: str = "score"):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
         self.input_names = forward.INPUTS
@@ -53,11 +60,24 @@ class CompletionLogProbs(nn.Cell):
         if entropy_gradient and self.tensor_parallel:
             raise ValueError("the entropy bonus (rl_config.entropy_coef > 0) is not available with tensor "
                              "parallelism: the vocabulary-parallel entropy has no gradient")
-        self.entropy_gradient = entropy_gradient
+        if entropy_gradient and forward.head_outside:
+            raise ValueError("the entropy bonus needs the plain head (actor_config.head_impl: plain): the fused "
+                             "head's entropy has no gradient")
+        if head_mode not in HEAD_MODES:
+            raise ValueError(f"head_mode={head_mode!r}: expected one of {', '.join(HEAD_MODES)}")
+        self.entropy_gradient, self.head_mode = entropy_gradient, head_mode
+        self.head_outside = forward.head_outside
+        self.inv_temp = Tensor([1.0 / temperature], ms.float32)
 
     def construct(self, batch):
-        logits = self.forward(*pass_inputs(self.input_names, batch))
         completion_ids = batch["completion_ids"]
+        if self.head_outside:
+            hidden, head = self.forward(*pass_inputs(self.input_names, batch))
+            logp, entropy = head_logprobs(hidden.reshape((-1, hidden.shape[-1])), head,
+                                          completion_ids.reshape((-1,)).astype(ms.int32), self.inv_temp,
+                                          self.head_mode)
+            return logp.reshape(completion_ids.shape), entropy.reshape(completion_ids.shape)
+        logits = self.forward(*pass_inputs(self.input_names, batch))
         if not self.tensor_parallel:
             return (token_logprobs(logits, completion_ids, self.temperature),
                     token_entropy(logits, self.temperature, keep_gradient=self.entropy_gradient))
@@ -73,14 +93,34 @@ def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = F
                        adapters: bool = True) -> nn.Cell:
     """The pass of ``model`` that ``actor_config.max_tokens_per_micro_batch`` and ``rl_config.share_prompt``
     select. ``backward``: it is the actor's training forward, so ``actor_config.recompute`` applies (scoring
-    without a backward never recomputes). ``adapters=False``: a LoRA actor's backbone alone (its reference)."""
+    without a backward never recomputes). ``adapters=False``: a LoRA actor's backbone alone (its reference).
+    The head is applied outside the pass (:class:`CompletionLogProbs`) where :func:`fused_head_applies`."""
     rl = config.rl_config
     recompute = backward and config.actor_config.recompute
+    head_outside = fused_head_applies(model, config, backward)
     if config.actor_config.max_tokens_per_micro_batch:
-        return model.packed(rl.seq_length, recompute=recompute, adapters=adapters)
+        return model.packed(rl.seq_length, recompute=recompute, adapters=adapters, head_outside=head_outside)
     if not rl.share_prompt:
-        return model.completions(rl.seq_length, adapters=adapters)
-    return model.shared_prompt(rl.num_generations, rl.seq_length, recompute=recompute, adapters=adapters)
+        return model.completions(rl.seq_length, adapters=adapters, head_outside=head_outside)
+    return model.shared_prompt(rl.num_generations, rl.seq_length, recompute=recompute, adapters=adapters,
+                               head_outside=head_outside)
+
+
+def fused_head_applies(model: Qwen2Model, config: GRPOConfig, backward: bool) -> bool:
+    """Whether ``actor_config.head_impl: fused`` runs for this model's passes: a float32 head computed in float32
+    on CPU, one tensor-parallel rank (the vocabulary-parallel log-softmax has its own path), and for a training
+    forward no entropy bonus (the kernel's entropy has no gradient)."""
+    head = model.lm_head.weight
+    return (config.actor_config.head_impl == "fused" and model.layout.tp == 1
+            and model.compute_dtype == "float32"
+            and fused_head_available(ms.get_context("device_target"), head.dtype)
+            and not (backward and config.rl_config.entropy_coef > 0))
+
+
+def training_head_mode(forward: nn.Cell) -> str:
+    """The fused head's mode in a training forward: ``train_head`` when the head's weight trains (full parameters:
+    ``lm_head`` or the tied embedding table), ``train`` when it is frozen (LoRA)."""
+    return "train_head" if forward.head_requires_grad() else "train"
 
 
 class GRPOLossCell(nn.Cell):
@@ -89,7 +129,8 @@ class GRPOLossCell(nn.Cell):
     def __init__(self, forward: nn.Cell, temperature: float, settings: LossConfig, *, on_policy: bool,
                  grad_accum_steps: int, dp_size: int, max_completion_length: int):
         super().__init__(auto_prefix=False)
-        self.logprobs = CompletionLogProbs(forward, temperature, entropy_gradient=settings.entropy_coef > 0)
+        self.logprobs = CompletionLogProbs(forward, temperature, entropy_gradient=settings.entropy_coef > 0,
+                                           head_mode=training_head_mode(forward))
         self.settings, self.on_policy = settings, on_policy
         self.grad_accum_steps, self.dp_size = grad_accum_steps, dp_size
         self.max_completion_length = max_completion_length

@@ -103,7 +103,9 @@ class GRPOTrainer:
         if inputs.tools:
             self.tool_turns = ToolTurns(self.tokenizer, ToolRunner(inputs.tools, rl.tool_parallel, rl.tool_timeout),
                                         rl.max_tool_turns, rl.max_tool_response_tokens, self.dist)
-        self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.eos_token_id,
+        # Rollouts stop where eval and chat stop: the tokenizer's eos and generation_config's (an Instruct model's
+        # turns end with <|im_end|> even when its tokenizer names <|endoftext|> as eos)
+        self.worker = ModelWorker(config, self.dist, eos_token_id=self.tokenizer.stop_token_ids,
                                   pad_token_id=self.tokenizer.pad_token_id)
         self.overlong = OverlongPenalty(config.generate_config.sampling_config.max_tokens,
                                         rl.overlong_buffer_length, rl.overlong_penalty_factor)

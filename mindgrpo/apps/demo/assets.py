@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Tuple, Union
 
-from mindgrpo.apps.demo._files import STAMP, stamped_build, write_json, write_jsonl
+from mindgrpo.stamped import STAMP, stamped_build, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.problems import make_problems
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer

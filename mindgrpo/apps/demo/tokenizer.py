@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Sequence
 
-from mindgrpo.apps.demo._files import write_json
+from mindgrpo.stamped import write_json
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # Qwen2.5's order: pad/bos, chat start, eos
 VOCAB_SIZE = 640  # upper bound, special tokens included; the demo corpus needs ~545 for every word to be one token

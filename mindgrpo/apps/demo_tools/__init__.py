@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Union
 
-from mindgrpo.apps.demo._files import STAMP, stamped_build, write_json, write_jsonl
+from mindgrpo.stamped import STAMP, stamped_build, write_json, write_jsonl
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 from mindgrpo.apps.demo_tools.task import corpus, make_problems

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Union
 
-from mindgrpo.apps.demo._files import stamped_build
+from mindgrpo.stamped import stamped_build
 from mindgrpo.apps.demo_vl.model import write_model
 from mindgrpo.apps.demo_vl.task import NUM_TRAIN, QUESTION, make_rows, write_parquet
 from mindgrpo.apps.demo_vl.warm_start import warm_start

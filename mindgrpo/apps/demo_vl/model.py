@@ -9,7 +9,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mindgrpo.apps.demo._files import write_json
+from mindgrpo.stamped import write_json
 from mindgrpo.apps.demo.model import init_weights, model_config
 from mindgrpo.apps.demo.tokenizer import train_tokenizer, write_tokenizer
 

@@ -1,7 +1,9 @@
-"""How the demos write their files (JSON indented with sorted keys, JSON Lines rows; UTF-8) and fingerprint them
-for their stamps (SHA-256). Plain writes: a whole demo folder is built aside and renamed into place (`publish`),
-one builder at a time (`build_lock`, `build_aside`), and stamped last (`stamped_build`), so that a finished folder
-is found again and anything else in its place is refused, never overwritten."""
+"""Folders mindgrpo makes once and finds again: the demos' assets and the models `mindgrpo fetch` converts.
+
+Files are written plainly (JSON indented with sorted keys, JSON Lines rows; UTF-8) and fingerprinted for the stamp
+(SHA-256): the whole folder is built aside and renamed into place (`publish`), one builder at a time (`build_lock`,
+`build_aside`), and stamped last (`stamped_build`), so that a finished folder is found again, a half-built one
+never looks finished, and anything else in its place is refused, never overwritten."""
 from __future__ import annotations
 
 import contextlib
@@ -31,7 +33,7 @@ def file_sha256(path: Path) -> str:
 
 
 def publish(tmp: Path, root: Path) -> None:
-    """Move the finished `tmp` folder to `root`, replacing a stale demo folder there."""
+    """Move the finished `tmp` folder to `root`, replacing a stale stamped folder there."""
     if root.exists():
         old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
         os.replace(root, old / root.name)
@@ -60,13 +62,14 @@ def build_aside(root: Path, build: Callable[[Path], T]) -> T:
 
 @contextlib.contextmanager
 def build_lock(root: Path):
-    """One builder per folder at a time: data-parallel ranks that all call `make_demo` wait for the first one and
-    then find its stamp. The lock file lives in mindgrpo's cache, not next to the user's folder."""
+    """One builder per folder at a time: data-parallel ranks that all call `make_demo` (or two processes fetching
+    one model) wait for the first one and then find its stamp. The lock file lives in mindgrpo's cache, not next to
+    the user's folder."""
     from mindgrpo._env import cache_dir
 
     locks = Path(cache_dir()) / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"demo-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
+    with open(locks / f"build-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -74,13 +77,13 @@ def build_lock(root: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-STAMP = "demo.json"
+STAMP = "demo.json"  # the demos' stamp; other folders name theirs (`stamped_build`'s stamp_name)
 
 
-def read_stamp(root: Path, stamp_format: str) -> Optional[dict]:
-    """The stamp of a demo folder of `stamp_format`, or None (absent, unreadable, or another format)."""
+def read_stamp(root: Path, stamp_format: str, stamp_name: str = STAMP) -> Optional[dict]:
+    """The stamp `stamp_name` of a folder of `stamp_format`, or None (absent, unreadable, or another format)."""
     try:
-        stamp = json.loads((root / STAMP).read_text(encoding="utf-8"))
+        stamp = json.loads((root / stamp_name).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return stamp if isinstance(stamp, dict) and stamp.get("format") == stamp_format else None
@@ -94,23 +97,25 @@ def _intact(root: Path, stamp: dict, required: Sequence[str]) -> bool:
 
 
 def stamped_build(root: Path, stamp_format: str, recipe: dict, build: Callable[[Path], Dict[str, object]], *,
-                  what: str, required: Sequence[str] = (), force: bool = False) -> Dict[str, object]:
-    """The facts of the demo folder `root`: found again when its stamp names `stamp_format` and `recipe` and every
-    file is intact (unless `force`), else built by `build(tmp)` aside (`build_aside`) and stamped last with the
-    recipe, each file's SHA-256 and the facts `build` returns. One builder at a time (`build_lock`). A `root` that
-    holds anything but a demo of this format is refused (`what` names it in the error), never overwritten."""
+                  what: str, required: Sequence[str] = (), force: bool = False,
+                  stamp_name: str = STAMP) -> Dict[str, object]:
+    """The facts of the folder `root`: found again when its stamp (the file `stamp_name`) names `stamp_format` and
+    `recipe` and every file is intact (unless `force`), else built by `build(tmp)` aside (`build_aside`) and
+    stamped last with the recipe, each file's SHA-256 and the facts `build` returns. One builder at a time
+    (`build_lock`). A `root` that holds anything but a folder of this format is refused (`what` names it in the
+    error), never overwritten."""
     with build_lock(root):
-        stamp = read_stamp(root, stamp_format)
+        stamp = read_stamp(root, stamp_format, stamp_name)
         if not force and stamp is not None and stamp.get("recipe") == recipe and _intact(root, stamp, required):
             return dict(stamp.get("facts") or {})
         if root.exists() and (not root.is_dir() or (any(root.iterdir()) and stamp is None)):
-            raise FileExistsError(f"{root} exists and is not a {what} folder (no {STAMP}); pass an empty or new "
+            raise FileExistsError(f"{root} exists and is not a {what} folder (no {stamp_name}); pass an empty or new "
                                   "folder, or delete this one")
 
         def build_and_stamp(tmp: Path) -> Dict[str, object]:
             facts = build(tmp)
             files = {f.relative_to(tmp).as_posix(): file_sha256(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
-            write_json(tmp / STAMP, {"format": stamp_format, "recipe": recipe, "files": files, "facts": facts})
+            write_json(tmp / stamp_name, {"format": stamp_format, "recipe": recipe, "files": files, "facts": facts})
             return facts
 
         return build_aside(root, build_and_stamp)
