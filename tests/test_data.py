@@ -182,6 +182,25 @@ def test_cli_validates_flags(tmp_path, capsys):
     assert leftovers(tmp_path) == []
 
 
+def test_a_file_of_the_other_form_is_refused_naming_the_type(tmp_path, capsys):
+    """GSM8K rows converted as math would train on each whole solution as the gold answer; MATH-style rows converted
+    as GSM8K would all be skipped for a missing 'question'. Either ends in one line naming the type, nothing
+    written; the type then named (either spelling of the flag) converts the file."""
+    gsm8k = small_gsm8k(tmp_path / "g.jsonl", 3)
+    maths = write_jsonl(tmp_path / "m.jsonl", [{"problem": f"What is {i} + 1?", "answer": str(i + 1)}
+                                               for i in range(3)])
+    tok = ["--tokenizer_dir", generated_fixture("tiny-qwen2.5"), "--max_prompt_length", 128, "--no_progress"]
+    for src, wrong, right in ((gsm8k, "math", "gsm8k"), (maths, "gsm8k", "math")):
+        out = tmp_path / src.stem / "out.mindrecord"
+        assert tool_main(*tok, "--file_path", src, "--output_path", out, "--dataset_type", wrong) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{src}:1: " in err and f"--dataset-type {right}" in err, err
+        assert not out.parent.exists() or leftovers(out.parent) == []
+        assert tool_main(*tok, "--file_path", src, "--output_path", out, "--dataset-type", right) == 0
+        assert len(PromptDataset(out)) == 3
+    assert [PromptDataset(tmp_path / "m" / "out.mindrecord")[i].gold for i in range(3)] == ["1", "2", "3"]
+
+
 # ---- atomic output --------------------------------------------------------------------------------------------
 
 def test_overwrite_is_refused_unless_asked(tokenizer, tmp_path):
@@ -250,9 +269,12 @@ def test_kill_between_the_two_renames_leaves_no_readable_pair(tokenizer, tmp_pat
 
 
 def test_sigkill_mid_conversion_leaves_no_output(tokenizer, tmp_path):
-    gsm8k = (gsm8k_path() / "train.jsonl").read_text(encoding="utf-8")
-    big = tmp_path / "big.jsonl"
-    big.write_text(gsm8k * 12, encoding="utf-8")  # ~90k rows: tens of seconds of work
+    """On rows of GSM8K's form made here (no GSM8K file needed): enough of them to be killed mid-way."""
+    big = write_jsonl(tmp_path / "big.jsonl", [  # ~90k rows of GSM8K's length: tens of seconds of work
+        {"question": f"Natalia sold clips to {i} of her friends in April, and then she sold half as many clips in "
+                     f"May. How many clips did Natalia sell altogether in April and May? (case {i})",
+         "answer": f"Natalia sold {i}/2 = {i / 2} clips in May.\nNatalia sold {i}+{i / 2} = {1.5 * i} clips "
+                   f"altogether in April and May.\n#### {1.5 * i}"} for i in range(90_000)])
     out = tmp_path / "out" / "big.mindrecord"
     proc = subprocess.Popen([sys.executable, str(TOOL), "--tokenizer_dir", generated_fixture("tiny-qwen2.5"),
                              "--file_path", big, "--output_path", out, "--dataset_type", "gsm8k"],

@@ -361,6 +361,33 @@ def test_math_problems_are_read_from_jsonl_and_parquet_and_judged_with_math_veri
         read_problems(tmp_path / "bad.jsonl", dataset_type="math")
 
 
+def test_a_file_of_the_other_form_is_refused_naming_the_type_and_none_reads_the_files_form(tmp_path, capsys):
+    """GSM8K rows read as math would keep each whole solution as the gold answer and mark every right answer wrong
+    (exit 0); MATH-style rows read as GSM8K would stop on a missing 'question'. Each ends in one line naming the
+    type to pass, before any model is loaded (the model argument here is no model at all). Without a type, the
+    file's form chooses the reader."""
+    from mindgrpo.apps.eval_cli import main
+    from mindgrpo.data.readers import detect_dataset_type
+
+    gsm8k = tmp_path / "gsm8k.jsonl"
+    gsm8k.write_text("".join(json.dumps({"question": f"What is {i} + 2?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"})
+                             + "\n" for i in range(3)), encoding="utf-8")
+    math_jsonl, parquet = write_math_files(tmp_path)
+    with pytest.raises(DataError, match=r"gsm8k.jsonl:1: a GSM8K row .*--dataset-type gsm8k"):
+        read_problems(gsm8k, dataset_type="math")
+    with pytest.raises(DataError, match=r"math.jsonl:1: a MATH-style row .*--dataset-type math"):
+        read_problems(math_jsonl, dataset_type="gsm8k")
+    for data, wrong, right in ((gsm8k, "math", "gsm8k"), (math_jsonl, "gsm8k", "math")):
+        out = tmp_path / f"eval_{wrong}.jsonl"
+        assert main([str(tmp_path / "no_model"), str(data), "--dataset-type", wrong, "--output", str(out),
+                     "--no-progress"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"--dataset-type {right}" in err and not out.exists()
+    assert [p.gold for p in read_problems(gsm8k)] == ["2", "3", "4"]
+    assert [p.gold for p in read_problems(math_jsonl)] == ["\\frac{1}{2}", "\\sqrt{2}", "6"]
+    assert [detect_dataset_type(p) for p in (gsm8k, math_jsonl, parquet)] == ["gsm8k", "math", "math"]
+
+
 def test_eval_cli_runs_math_problems(tmp_path, demo_plain):
     from mindgrpo.apps.eval_cli import main
 

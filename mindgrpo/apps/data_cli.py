@@ -22,6 +22,7 @@ import mindgrpo  # noqa: F401  (before MindSpore: keeps its logs out of the way)
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, convert_dataset
 from mindgrpo.data.readers import IMAGE_DATASETS
 from mindgrpo.data.tokenizer import TokenizerError, load_tokenizer
+from mindgrpo.tools import offered_signatures
 
 
 def build_parser(prog: Optional[str] = "mindgrpo data") -> argparse.ArgumentParser:
@@ -33,7 +34,8 @@ def build_parser(prog: Optional[str] = "mindgrpo data") -> argparse.ArgumentPars
     tok.add_argument("--merges_file_path", help="Qwen2 merges.txt (MindRLHF flag)")
     parser.add_argument("--file_path", required=True, help="source dataset file")
     parser.add_argument("--output_path", required=True, help="MindRecord to write (its index goes to <path>.db)")
-    parser.add_argument("--dataset_type", required=True, choices=sorted(READERS), help="source file format")
+    parser.add_argument("--dataset_type", "--dataset-type", required=True, choices=sorted(READERS),
+                        help="source file format (a file of another form is refused, naming the type it needs)")
     parser.add_argument("--prompt_template", default="r1_zero", choices=sorted(PROMPT_TEMPLATES),
                         help="; ".join(f"{t.name}: {t.description}" for t in PROMPT_TEMPLATES.values()))
     parser.add_argument("--max_prompt_length", type=int, default=512,
@@ -77,7 +79,8 @@ def main(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mindgrpo d
             args.file_path, args.output_path, tokenizer, dataset_type=args.dataset_type,
             prompt_template=args.prompt_template, max_prompt_length=args.max_prompt_length,
             pad_token_id=args.pad_token_id, strict=args.strict, overwrite=args.overwrite,
-            progress=not args.no_progress, on_error=report, image_config=image_config, tools=args.tools)
+            progress=not args.no_progress, on_error=report, image_config=image_config,
+            tools=offered_signatures(args.tools))
     except (DataError, TokenizerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""Accuracy of a model on a GSM8K-format file: greedy pass@1 and sampled maj@k through mindgrpo's rollout engine.
+"""Accuracy of a model on GSM8K or MATH-style problems: greedy pass@1 and sampled maj@k through mindgrpo's engine.
 
 Prompts and scoring are training's own, so an evaluation number and the training metric
 ``grpo/rewards/accuracy_reward`` measure the same thing: questions are rendered with a template of
@@ -34,6 +34,7 @@ import numpy as np
 from mindgrpo._io import atomic_open
 from mindgrpo.train.checkpoint import save_json
 from mindgrpo.data import PROMPT_TEMPLATES, READERS, DataError, RowError, render_prompt
+from mindgrpo.data.readers import detect_dataset_type
 from mindgrpo.data.templates import render_tool_prompt
 from mindgrpo.rewards.answers import extract_answer, extract_answer_text, normalize_math_answer
 from mindgrpo.rewards.verifiers import accuracy_reward
@@ -63,21 +64,25 @@ class Problem:
     """The final answer, normalised as training data conversion does."""
 
 
-def read_problems(path: PathLike, *, limit: Optional[int] = None, dataset_type: str = "gsm8k") -> List[Problem]:
-    """The first `limit` (default: all) problems of a GSM8K-format jsonl (or another reader of mindgrpo.data).
+def read_problems(path: PathLike, *, limit: Optional[int] = None, dataset_type: Optional[str] = None
+                  ) -> List[Problem]:
+    """The first `limit` (default: all) problems of a GSM8K-format jsonl (or another reader of mindgrpo.data; None:
+    the one the file's form asks for, :func:`~mindgrpo.data.readers.detect_dataset_type`).
 
     Any unusable line (invalid JSON, missing field, no ``#### <number>`` answer) is an error naming ``file:line``:
-    a benchmark with silently skipped rows would not be comparable.
+    a benchmark with silently skipped rows would not be comparable. A file of another form than `dataset_type`
+    (MATH-style rows read as GSM8K, GSM8K rows read as MATH) is refused, naming the type to pass.
     """
     if limit is not None and limit < 1:
         raise EvaluationError(f"--limit must be >= 1, got {limit}")
-    if dataset_type not in READERS:
+    if dataset_type is not None and dataset_type not in READERS:
         raise EvaluationError(f"unknown dataset type {dataset_type!r}; choose one of {', '.join(READERS)}")
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file; pass a GSM8K-format jsonl (one {{\"question\", \"answer\"}} object "
                         "per line, the answer ending in '#### <number>') or, with --dataset-type math, MATH-style "
                         "problems (problem + answer, jsonl or parquet)")
+    dataset_type = dataset_type or detect_dataset_type(path)
     problems: List[Problem] = []
     try:
         for row in READERS[dataset_type](path):
@@ -236,7 +241,7 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
              top_p: float = 1.0, seed: int = 0, compute_dtype: str = "float32", progress: bool = True,
              log: Optional[Callable[[str], None]] = None, base: Optional[PathLike] = None,
              tools: Optional[Sequence[str]] = None, max_tool_turns: int = 4, tool_sandbox: str = "bwrap",
-             tool_sandbox_url: str = "", dataset_type: str = "gsm8k") -> EvalResult:
+             tool_sandbox_url: str = "", dataset_type: Optional[str] = None) -> EvalResult:
     """Evaluate `model` (see :func:`resolve_model`) on the problems of `data`.
 
     Greedy decoding gives pass@1; with ``samples = k > 0``, ``k`` more completions per problem at `temperature`
@@ -248,7 +253,9 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     tool runs its code in `tool_sandbox` (``rl_config.tool_sandbox``'s choices; `tool_sandbox_url` for ``remote``),
     refused before any model is loaded where it cannot run.
     `dataset_type` reads `data` with that reader of mindgrpo.data (``math``: MATH500/AIME-style problem + answer,
-    jsonl or parquet; answers are compared as training's ``accuracy_reward`` compares them, with math-verify).
+    jsonl or parquet; answers are compared as training's ``accuracy_reward`` compares them, with math-verify);
+    None (the default) takes the one the file's form asks for, and a file of another form than a given type is
+    refused before any model is loaded.
     """
     from mindgrpo.rollout import SamplingParams
 
@@ -262,6 +269,9 @@ def evaluate(model: PathLike, data: PathLike, *, output: Optional[PathLike] = No
     # Built up front: SamplingParams validates temperature and top_p before any model is loaded.
     sample_params = (SamplingParams(max_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
                                     num_generations=samples, seed=seed) if samples else None)
+    if dataset_type is None and Path(data).is_file():
+        dataset_type = detect_dataset_type(data)
+        say(f"[eval] {data}: read as {dataset_type} (from the file's form; --dataset-type chooses)")
     problems = read_problems(data, limit=limit, dataset_type=dataset_type)
     resolved = resolve_model(model, tokenizer, base)
     if template is None:

@@ -66,6 +66,44 @@ def _text_fields(obj: object, keys: tuple[str, ...], source: str, line_no: int) 
     return tuple(values)
 
 
+def _math_row(obj: object) -> bool:
+    """A MATH-style row (MATH500, AIME): a problem and its final answer, no GSM8K question."""
+    return isinstance(obj, dict) and "problem" in obj and "answer" in obj and "question" not in obj
+
+
+def _gsm8k_row(obj: object) -> bool:
+    """A GSM8K row: a question (no problem) and a worked answer ending in ``#### <number>``."""
+    if not isinstance(obj, dict) or "problem" in obj or not isinstance(obj.get("question"), str):
+        return False
+    answer = obj.get("answer")
+    return isinstance(answer, str) and "####" in answer and normalize_number(
+        answer.rsplit("####", 1)[1].strip()) is not None
+
+
+def detect_dataset_type(path: PathLike) -> str:
+    """The reader a problems file needs, from its form: ``math17k`` for a parquet file with DAPO-Math-17k's
+    ``prompt`` and ``reward_model``, ``math`` for another parquet file or a jsonl whose first row holds a problem and
+    an answer, ``deepscaler`` for one JSON list, else ``gsm8k`` (whose reader then names what a row lacks)."""
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq  # lazy: only the parquet readers need pyarrow
+
+        try:
+            names = set(pq.read_schema(path).names)
+        except Exception:  # unreadable: the math reader says so, naming the file
+            return "math"
+        return "math17k" if {"prompt", "reward_model"} <= names else "math"
+    for _, line in _utf8_lines(path):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("["):
+            return "deepscaler"
+        try:
+            return "math" if _math_row(json.loads(line)) else "gsm8k"
+        except json.JSONDecodeError:
+            return "gsm8k"
+    return "gsm8k"
+
+
 def _math_gold(answer: str) -> str:
     """Numbers normalised like the reward does; other answers (LaTeX, expressions) kept verbatim for the verifier."""
     answer = answer.strip()
@@ -99,6 +137,9 @@ def read_gsm8k(path: PathLike) -> Iterator[Row]:
         except json.JSONDecodeError as err:
             yield RowError(source, line_no, "invalid_json", f"invalid JSON: {err.msg} (column {err.colno})")
             continue
+        if _math_row(obj):
+            raise DataError(f"{source}:{line_no}: a MATH-style row (problem and answer), not GSM8K's question and "
+                            "'#### N' answer: read the file as math (--dataset-type math)")
         fields = _text_fields(obj, ("question", "answer"), source, line_no)
         if isinstance(fields, RowError):
             yield fields
@@ -172,6 +213,10 @@ def read_math(path: PathLike) -> Iterator[Row]:
         if isinstance(obj, RowError):
             yield obj
             continue
+        if _gsm8k_row(obj):
+            raise DataError(f"{source}:{line_no}: a GSM8K row (question, and an answer ending in '#### N'): read as "
+                            "math, its whole solution would be the gold answer; read the file as gsm8k "
+                            "(--dataset-type gsm8k)")
         key = "problem" if isinstance(obj, dict) and "problem" in obj else "question"
         yield _math_record(obj, (key, "answer"), source, line_no)
 
