@@ -3,9 +3,10 @@
 Commands:
   train         train a Qwen2.5 policy with GRPO: a yaml config, MindRLHF's flags, group.key=value overrides
                 (no --config: the embedded demo); examples/grpo/main.py takes the same arguments
-  data          convert a prompt dataset (GSM8K jsonl, DeepScaleR json, DAPO-Math parquet) into a MindRecord
-                (as tools/rlhf_data.py, with MindRLHF's flags)
-  eval          GSM8K accuracy of a model or run folder: greedy pass@1 and sampled maj@k (as tools/eval_gsm8k.py)
+  data          convert a prompt dataset (GSM8K or MATH-style jsonl, DeepScaleR json, DAPO-Math-17k or geo3k
+                parquet) into a MindRecord (as tools/rlhf_data.py, with MindRLHF's flags)
+  eval          accuracy of a model, run or LoRA adapter folder on GSM8K or MATH-style problems (MATH500, AIME):
+                greedy pass@1 and sampled maj@k / pass@k (as tools/eval_gsm8k.py)
   chat          talk to a model or run folder: its chat template, streamed answers, history; --prompt for one
                 answer; --image for Qwen2.5-VL
   merge         a LoRA run's adapter folder merged into its base as a plain Hugging Face folder

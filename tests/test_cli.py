@@ -43,6 +43,15 @@ def test_no_command_lists_the_commands_and_an_unknown_one_names_the_choices():
     assert "unknown command 'trian'; choose one of train, data, eval, chat, merge, plot, samples, doctor, plan, config-help" in done.stderr
 
 
+def test_top_level_help_says_what_each_command_reads(capsys):
+    """The help once called eval "GSM8K accuracy" after it had learnt MATH500 and AIME."""
+    assert cli_main(["--help"]) == 0
+    out = capsys.readouterr().out
+    eval_line = out.split("\n  eval ", 1)[1].split("\n  chat ", 1)[0]
+    assert "GSM8K or MATH-style" in eval_line and "LoRA" in eval_line
+    assert "MATH-style" in out.split("\n  data ", 1)[1].split("\n  eval ", 1)[0]
+
+
 def test_config_help_refuses_arguments(capsys):
     assert cli_main(["config-help", "rl_config.beta=0"]) == 2
     assert "config-help takes no arguments, got rl_config.beta=0" in capsys.readouterr().err
@@ -84,3 +93,14 @@ def test_the_scripts_still_run():
                               timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]
         assert done.stdout.startswith(f"usage: {Path(script).name} ") and option in done.stdout
+
+
+def test_merge_without_an_adapter_names_what_to_pass(tmp_path, tiny_model_dir, capsys):
+    """Once `mindgrpo merge` on a folder without an adapter printed a raw `[Errno 2] ... adapter_config.json`."""
+    (tmp_path / "empty").mkdir()
+    for folder, why in ((tmp_path / "empty", "holds no LoRA adapter"), (tmp_path / "nothere", "does not exist"),
+                        (tiny_model_dir, "holds a full model")):
+        assert cli_main(["merge", str(folder), str(tmp_path / "merged")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and why in err and "adapter_config.json" in err and "Errno" not in err, err
+    assert not (tmp_path / "merged").exists()
