@@ -102,15 +102,18 @@ def demo_plain(tmp_path_factory):
 
 
 def convert_demo_rows(folder: Path, demo, count: int, **options) -> Path:
-    """The demo's first ``count`` training rows as a MindRecord in ``folder`` (``options``: convert_dataset's)."""
+    """The demo's first ``count`` training rows as a MindRecord in ``folder`` (``options``: convert_dataset's, with
+    ``tools`` named as in rl_config.tools)."""
     from mindgrpo.data import convert_dataset
     from mindgrpo.data.tokenizer import load_tokenizer
+    from mindgrpo.tools import offered_signatures
 
     rows = demo.train_jsonl.read_text(encoding="utf-8").splitlines(keepends=True)[:count]
     (folder / "train.jsonl").write_text("".join(rows), encoding="utf-8")
     out = folder / "train.mindrecord"
     convert_dataset(folder / "train.jsonl", out, load_tokenizer(demo.model_dir), dataset_type="gsm8k",
-                    prompt_template="gsm8k_hash", progress=False, **options)
+                    prompt_template="gsm8k_hash", progress=False,
+                    **{**options, "tools": offered_signatures(options.get("tools", []))})
     return out
 
 

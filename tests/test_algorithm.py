@@ -7,9 +7,9 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm import (LOSS_IMPLS as IMPLS, LOSS_TYPES, METRICS, LossConfig, canonical_kl_estimator,
-                                group_advantages, grpo_loss, kl_penalty, step_row_weights, token_entropy,
-                                token_logprobs)
+from mindgrpo.algorithm import (METRICS, LossConfig, group_advantages, grpo_loss, kl_penalty, step_row_weights,
+                                token_entropy, token_logprobs)
+from mindgrpo.choices import LOSS_IMPLS as IMPLS, LOSS_TYPES, canonical_kl_estimator
 
 
 def metrics_dict(metrics):

@@ -73,7 +73,7 @@ def test_tool_demo_folder_is_built_once_and_its_transcripts_are_rollouts(tmp_pat
     from mindgrpo.data.templates import render_tool_prompt
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.tools import resolve_tools, responses_text
-    from mindgrpo.tools.format import system_turn
+    from mindgrpo.data.tool_format import system_turn
 
     built = demo_tools.make_tool_demo(tmp_path / "demo", warm_start_steps=0)
     stamp = (built.root / demo_tools.STAMP).stat().st_mtime_ns

@@ -12,8 +12,9 @@ import mindgrpo  # noqa: F401  (before MindSpore)
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
-from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, KL_ESTIMATORS, METRICS, LossConfig, grpo_loss, token_logprobs
+from mindgrpo.algorithm import METRICS, LossConfig, grpo_loss, token_logprobs
 from mindgrpo.algorithm.loss import _metrics, _reduce, plain_token_loss
+from mindgrpo.choices import CLIPPED_LOSS_TYPES, KL_ESTIMATORS
 from mindgrpo.ops import KL_CODES, ROW_STATS, KernelBuildError, build, fused_token_loss, hyper_params
 from aot_kernel import AotKernel
 

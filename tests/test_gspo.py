@@ -9,8 +9,8 @@ import mindspore as ms
 from mindspore import Tensor
 
 import mindgrpo.algorithm.loss as loss_module
-from mindgrpo.algorithm import CLIPPED_LOSS_TYPES, LOSS_TYPES, LossConfig, grpo_loss, step_row_weights
-from mindgrpo.algorithm.registry import IMPORTANCE_SAMPLING_LEVELS
+from mindgrpo.algorithm import LossConfig, grpo_loss, step_row_weights
+from mindgrpo.choices import CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LOSS_TYPES
 from mindgrpo.config import GRPOConfig, validate
 from mindgrpo.config.schema import ConfigError
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from mindgrpo.algorithm.registry import TOOL_SANDBOXES
+from mindgrpo.choices import TOOL_SANDBOXES
 from mindgrpo.tools import (SANDBOXES, SandboxLimits, ToolCall, ToolRunner, ToolSpecError, parse_calls, resolve_tool,
                             resolve_tools, responses_text, run_python, sandbox_for, system_turn)
 from mindgrpo.tools.calculator import calculator

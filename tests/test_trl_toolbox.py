@@ -21,7 +21,7 @@ from mindspore import Tensor
 import mindgrpo.algorithm.loss as loss_module
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.algorithm.loss import high_entropy_mask, rollout_correction_weight
-from mindgrpo.algorithm.registry import LOSS_TYPES, ROLLOUT_CORRECTIONS
+from mindgrpo.choices import LOSS_TYPES, ROLLOUT_CORRECTIONS
 from mindgrpo.config import GRPOConfig, validate
 from mindgrpo.config.schema import ConfigError
 

@@ -38,7 +38,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from mindgrpo.algorithm.registry import LORA_TARGET_MODULES
+from mindgrpo.choices import LORA_TARGET_MODULES
 from mindgrpo.apps.plan import hf_tensor_shapes
 
 from bench_real_shapes import QWEN2_5, real_model

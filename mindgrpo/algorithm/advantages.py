@@ -5,7 +5,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindgrpo.algorithm.registry import SCALE_REWARDS
+from mindgrpo.choices import SCALE_REWARDS
 
 # TRL adds 1e-4 to the std (verl uses 1e-6); it keeps all-equal groups finite and is negligible otherwise.
 DEFAULT_STD_EPS = 1e-4

@@ -4,7 +4,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindgrpo.algorithm.registry import canonical_kl_estimator
+from mindgrpo.choices import canonical_kl_estimator
 
 # verl's low_var_kl clamps: the log-ratio before exp (no overflow) and the estimate itself (bounded penalty).
 K3_LOG_RATIO_CLAMP = 20.0

@@ -64,7 +64,7 @@ import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.algorithm.kl import exact_exp, kl_penalty
-from mindgrpo.algorithm.registry import CLIPPED_LOSS_TYPES, LOSS_REDUCTIONS, LOSS_TYPES
+from mindgrpo.choices import CLIPPED_LOSS_TYPES, LOSS_REDUCTIONS, LOSS_TYPES
 from mindgrpo.config.schema import LossConfig
 from mindgrpo.ops import batch_means, fused_token_loss, hyper_params
 
@@ -76,7 +76,7 @@ METRICS = ("pg_loss", "kl", "clipfrac_low", "clipfrac_high", "clipfrac", "ppo_kl
 # ----------------------------------------------------------------------------------------------------------------
 # Surrogates, by loss_type (verl's ``register_policy_loss``): the per-token policy term pg of the module docstring
 # and its low / high clip indicators (float32 [B, T]), from the ratio r, the advantages A ([B, 1] or [B, T]) and
-# logp. A new surrogate registers here and names itself in mindgrpo.algorithm.registry.LOSS_TYPES (the config's
+# logp. A new surrogate registers here and names itself in mindgrpo.choices.LOSS_TYPES (the config's
 # list); the check below the reductions keeps the two in step.
 
 SURROGATES: Dict[str, Callable] = {}
@@ -178,7 +178,7 @@ def dapo_reduction(row_tokens, batch_tokens, total_tokens, rows, micro_batches, 
 
 
 if set(SURROGATES) != set(LOSS_TYPES) or {LOSS_REDUCTIONS.get(t, t) for t in LOSS_TYPES} - set(REDUCTIONS):
-    raise ImportError(f"mindgrpo.algorithm.registry.LOSS_TYPES {LOSS_TYPES} and the surrogates {sorted(SURROGATES)} "
+    raise ImportError(f"mindgrpo.choices.LOSS_TYPES {LOSS_TYPES} and the surrogates {sorted(SURROGATES)} "
                       f"and reductions {sorted(REDUCTIONS)} registered in {__name__} differ: register every name")
 
 

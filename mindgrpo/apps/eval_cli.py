@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import mindgrpo  # noqa: F401  (configures MindSpore/MindFormers logging before they load)
-from mindgrpo.algorithm.registry import TOOL_SANDBOXES
+from mindgrpo.choices import TOOL_SANDBOXES
 from mindgrpo.apps.evaluation import evaluate, format_summary, summary_path
 from mindgrpo.apps.model_source import add_model_arguments
 from mindgrpo.data import PROMPT_TEMPLATES, READERS

@@ -11,7 +11,7 @@ module                             what it holds
 =================================  ===============================================================================
 
 It imports neither MindSpore nor another mindgrpo package, except the import-free registry of named choices
-(:mod:`mindgrpo.algorithm.registry`).
+(:mod:`mindgrpo.choices`).
 """
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.load import CLI_FLAGS, ConfigWarning, dump_yaml, load_config

@@ -18,9 +18,9 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
-from mindgrpo.algorithm.registry import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LORA_TARGET_MODULES,
-                                         LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES, ROLLOUT_CORRECTIONS, canonical,
-                                         canonical_kl_estimator)
+from mindgrpo.choices import (CLIPPED_LOSS_TYPES, IMPORTANCE_SAMPLING_LEVELS, LORA_TARGET_MODULES,
+                             LOSS_IMPLS, LOSS_REDUCTIONS, LOSS_TYPES, ROLLOUT_CORRECTIONS, canonical,
+                             canonical_kl_estimator)
 
 class ConfigError(ValueError):
     """A configuration problem, with the key and where it came from."""

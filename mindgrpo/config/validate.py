@@ -3,7 +3,7 @@
 :func:`validate` checks the values and how they agree (and that every input path exists); it also puts the aliases
 of a choice under their canonical names. Two checks need what only a run knows and are called by the trainer and
 the doctor: :func:`check_micro_batches` (the update's static shapes) and :func:`check_parallel_layout` (the worker
-count and the model's shape). The named choices come from :mod:`mindgrpo.algorithm.registry`.
+count and the model's shape). The named choices come from :mod:`mindgrpo.choices`.
 """
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ import os
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from mindgrpo.algorithm.registry import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
-                                         GRAD_REDUCE_DTYPES, HEAD_IMPLS, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES,
-                                         KL_ESTIMATORS, LORA_TARGET_MODULES, LOSS_IMPLS, LOSS_TYPES,
-                                         LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS, PARAM_DTYPES,
-                                         REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
-                                         TOOL_SANDBOXES, canonical)
+from mindgrpo.choices import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
+                             GRAD_REDUCE_DTYPES, HEAD_IMPLS, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES,
+                             KL_ESTIMATORS, LORA_TARGET_MODULES, LOSS_IMPLS, LOSS_TYPES,
+                             LR_SCHEDULE_ALIASES, LR_SCHEDULES, OPTIMIZERS, PARAM_DTYPES,
+                             REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
+                             TOOL_SANDBOXES, canonical)
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
 

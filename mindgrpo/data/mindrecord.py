@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -234,7 +234,7 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
                     strict: bool = False, overwrite: bool = False, progress: bool = True,
                     on_error: Optional[Callable[[RowError], None]] = None,
                     image_config: Optional["ImageProcessorConfig"] = None,
-                    tools: Sequence[str] = ()) -> ConversionSummary:
+                    tools: Mapping[str, Mapping[str, Any]] = {}) -> ConversionSummary:
     """Convert a source dataset into a mindgrpo prompt MindRecord at `output_path` (plus its `.db` index).
 
     Bad rows (invalid JSON, missing field, no parsable answer, prompt longer than `max_prompt_length` tokens) are
@@ -244,9 +244,10 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
     Only `tokenizer.encode_batch`, `.pad_token_id` and `.vocab_size` are used. Datasets with images need
     `image_config` (the model folder's `preprocessor_config.json`): it fixes how many `<|image_pad|>` tokens each
     image takes, and is stored in the metadata so training preprocesses the images the same way. Rows whose image
-    cannot be used are skipped as `bad_image`. With `tools` (names as in ``rl_config.tools``) every prompt starts
-    with Qwen2.5's system turn offering them; the names and signatures are stored in the metadata, and training
-    checks them against its own ``rl_config.tools``.
+    cannot be used are skipped as `bad_image`. With `tools` (each name as in ``rl_config.tools`` -> the JSON
+    signature of the tool it resolves to: :func:`mindgrpo.tools.offered_signatures`) every prompt starts with
+    Qwen2.5's system turn offering them; the names and signatures are stored in the metadata, and training checks
+    them against its own ``rl_config.tools``.
     """
     from mindspore.mindrecord import FileWriter  # lazy: importing mindspore costs seconds
     from tqdm import tqdm
@@ -265,13 +266,10 @@ def convert_dataset(input_path: PathLike, output_path: PathLike, tokenizer: "Tok
                          "from_pretrained(model folder), the folder's preprocessor_config.json)")
     if with_images:
         render_vl_prompt(prompt_template, "", [])  # a template that is not one ChatML user turn fails here, once
-    signatures: list = []
+    signatures = [dict(signature) for signature in tools.values()]
     if tools:
-        from mindgrpo.tools.registry import resolve_tools
-
         if with_images:
             raise ValueError(f"dataset_type {dataset_type!r} has images: tools with image prompts are not built yet")
-        signatures = [dict(tool.signature) for tool in resolve_tools(list(tools))]
         render_tool_prompt(prompt_template, "", signatures)  # a template that cannot offer tools fails here, once
     rows = read_dataset(input_path, dataset_type)
     output = Path(output_path).absolute()

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from mindgrpo.data.tool_format import system_turn
+
 
 @dataclass(frozen=True)
 class PromptTemplate:
@@ -85,10 +87,8 @@ _USER_TURN = re.compile(r"<\|im_start\|>user\n(?P<content>.*)<\|im_end\|>\n<\|im
 
 def render_tool_prompt(template: str, question: str, signatures: Sequence[dict]) -> str:
     """The prompt text for `question` offering tools: Qwen2.5's system turn listing their `signatures`
-    (``mindgrpo.tools.format.system_turn``) before the template's user turn, as Qwen2.5's chat template renders a
-    user message with ``tools=``."""
-    from mindgrpo.tools.format import system_turn
-
+    (:func:`~mindgrpo.data.tool_format.system_turn`) before the template's user turn, as Qwen2.5's chat template
+    renders a user message with ``tools=``."""
     text = render_prompt(template, question)
     if _USER_TURN.fullmatch(text) is None:
         raise ValueError(f"prompt template {template!r} is not one ChatML user turn, so it cannot offer tools; use "

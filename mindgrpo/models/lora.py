@@ -31,7 +31,7 @@ from typing import Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
-from mindgrpo.algorithm.registry import LORA_TARGET_MODULES as TARGET_MODULES
+from mindgrpo.choices import LORA_TARGET_MODULES as TARGET_MODULES
 
 PathLike = Union[str, Path]
 

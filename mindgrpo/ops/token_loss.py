@@ -27,7 +27,7 @@ import functools
 import mindspore as ms
 from mindspore import Tensor, ops
 
-from mindgrpo.algorithm.registry import KL_ESTIMATORS
+from mindgrpo.choices import KL_ESTIMATORS
 from mindgrpo.ops import ascend, build
 
 # Columns of row_stats: masked sums over each sequence (the kernels write them in this order).

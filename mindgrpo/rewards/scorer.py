@@ -17,7 +17,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 
-from mindgrpo.algorithm.registry import REWARD_AGGREGATIONS
+from mindgrpo.choices import REWARD_AGGREGATIONS
 from mindgrpo.rewards.verifiers import (
     Verifier,
     VerifierSpecError,

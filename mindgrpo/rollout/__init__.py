@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mindgrpo.algorithm.registry import ROLLOUT_BACKENDS
+from mindgrpo.choices import ROLLOUT_BACKENDS
 from mindgrpo.rollout.api import (FINISH_LENGTH, FINISH_STOP, EosIds, PromptImages, RolloutEngine, RolloutResult,
                                   SamplingParams)
 

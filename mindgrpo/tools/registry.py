@@ -2,7 +2,7 @@
 and the python tool's sandboxes by name (``rl_config.tool_sandbox``).
 
 A tool is a top-level Python function (worker processes import it by name) and its JSON signature, the
-``{"type": "function", "function": {...}}`` object the prompt's system turn lists (:mod:`mindgrpo.tools.format`).
+``{"type": "function", "function": {...}}`` object the prompt's system turn lists (:mod:`mindgrpo.data.tool_format`).
 A user tool's signature comes from :func:`tool_signature` when it is decorated with it, else from its type hints
 and Google-style docstring, read by transformers' ``get_json_schema`` (what TRL and transformers' chat templates
 use), so a tool written for them works here unchanged.
@@ -46,7 +46,7 @@ class Tool:
         return ""
 
 
-# The python tool's sandboxes by their rl_config.tool_sandbox names (mindgrpo.algorithm.registry.TOOL_SANDBOXES),
+# The python tool's sandboxes by their rl_config.tool_sandbox names (mindgrpo.choices.TOOL_SANDBOXES),
 # each made from rl_config.tool_sandbox_url (which only the remote one reads).
 SANDBOXES: Dict[str, Callable[[str], Sandbox]] = {"bwrap": lambda url: BwrapSandbox(),
                                                   "process": lambda url: ProcessSandbox(),
@@ -151,3 +151,9 @@ def resolve_tools(specs: Sequence[str], sandbox: Optional[Sandbox] = None) -> Tu
     if repeated:
         raise ToolSpecError(f"tools {repeated} are given twice in rl_config.tools: a model calls a tool by name")
     return tools
+
+
+def offered_signatures(specs: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """Each name of ``rl_config.tools`` -> the JSON signature its prompts offer (what
+    :func:`mindgrpo.data.convert_dataset` writes into them and stores beside them)."""
+    return {spec: dict(tool.signature) for spec, tool in zip(specs, resolve_tools(list(specs)))}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Mapping, Sequence
 
-from mindgrpo.tools.format import ToolCall
+from mindgrpo.data.tool_format import ToolCall
 from mindgrpo.tools.registry import Tool, check_sandboxes
 from mindgrpo.workers import WorkerPool
 

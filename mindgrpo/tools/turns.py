@@ -1,9 +1,9 @@
 """Tools in a rollout: the :class:`~mindgrpo.rollout.api.TurnHandler` that answers a model turn's tool calls.
 
 The engine hands over each ended turn as the token ids the model sampled. They are decoded only to read the calls
-(:func:`~mindgrpo.tools.format.parse_calls`); the completion keeps the ids themselves. The calls of all the turns
+(:func:`~mindgrpo.data.tool_format.parse_calls`); the completion keeps the ids themselves. The calls of all the turns
 that ended at one decode step run together in the :class:`~mindgrpo.tools.runner.ToolRunner`'s worker processes,
-each result is cut to ``max_response_tokens``, and the answer (:func:`~mindgrpo.tools.format.responses_text`) is
+each result is cut to ``max_response_tokens``, and the answer (:func:`~mindgrpo.data.tool_format.responses_text`) is
 tokenised once and handed back: those are the only tokens of a completion that are the tokeniser's rather than the
 model's, and the rollout marks them out of the loss.
 
@@ -20,7 +20,7 @@ import numpy as np
 
 from mindgrpo.data.tokenizer import Tokenizer
 from mindgrpo.parallel.groups import TP, DistInfo, all_reduce_sum
-from mindgrpo.tools.format import parse_calls, responses_text
+from mindgrpo.data.tool_format import parse_calls, responses_text
 from mindgrpo.tools.runner import ToolRunner
 
 TRUNCATED = "\n[output truncated]"

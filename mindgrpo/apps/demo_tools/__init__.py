@@ -77,7 +77,7 @@ def _build(root: Path, seed: int, warm_start_steps: int) -> Dict[str, object]:
     from mindgrpo.data.templates import render_tool_prompt
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.tools import resolve_tools
-    from mindgrpo.tools.format import system_turn
+    from mindgrpo.data.tool_format import system_turn
 
     init_dir, model_dir = root / "init", root / "model"
     init_dir.mkdir()

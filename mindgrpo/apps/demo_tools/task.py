@@ -2,7 +2,7 @@ r"""The tool demo's task: products of a three-digit and a two-digit number, whic
 its head, in GSM8K format.
 
 "What is 347 * 82?" with `answer` `"347 * 82 = 28454\n#### 28454"`. With the ``calculator`` tool the model's
-answer is two turns (Qwen2.5's tool format, :mod:`mindgrpo.tools.format`): a call, the tool's response appended by
+answer is two turns (Qwen2.5's tool format, :mod:`mindgrpo.data.tool_format`): a call, the tool's response appended by
 the rollout, then ``#### 28454``. :func:`transcript` gives those turns' token ids exactly as a rollout holds them:
 each model turn and the response tokenised on its own, never the whole text at once.
 """
@@ -12,7 +12,7 @@ import json
 import random
 from typing import List, Sequence, Tuple
 
-from mindgrpo.tools.format import responses_text
+from mindgrpo.data.tool_format import responses_text
 
 NUM_TRAIN, NUM_TEST = 2000, 200
 

@@ -63,7 +63,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor
 
-from mindgrpo.algorithm.registry import DECODE_IMPLS, canonical
+from mindgrpo.choices import DECODE_IMPLS, canonical
 from mindgrpo.config import PROMPT_LENGTH_BUCKET
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import decode_position_ids, get_rope_index

@@ -2,7 +2,8 @@
 
 The config validates against these tuples and the modules that implement a choice dispatch on the same names, so a
 new variant is added here and where it is computed, never copied by hand into the config. This module imports
-nothing: the config (the leaf everyone reads) can read it without loading MindSpore.
+nothing: it sits below every package (the config, the kernels, the models, the rollout engines, the rewards and
+the tools all read it), so any of them can name a choice without loading another's code or MindSpore.
 """
 from __future__ import annotations
 
