@@ -601,6 +601,26 @@ def test_scorer_weighted_sum():
     assert batch.failures == {"accuracy_reward": 0, "format_reward": 0}
 
 
+def test_shuffled_rewards_are_the_real_ones_in_another_order_drawn_from_the_batch():
+    """reward_config.shuffle_rewards (the control run): the advantages' rewards are a permutation of the real ones,
+    the logged total stays real, and the same batch draws the same permutation (a resumed run repeats it)."""
+    real = RewardScorer(["accuracy_reward", "format_reward"], [2.0, 0.5]).score(COMPLETIONS, GOLDS)
+    control = RewardScorer(["accuracy_reward", "format_reward"], [2.0, 0.5], shuffle_rewards=True)
+    shuffled = control.score(COMPLETIONS, GOLDS)
+    np.testing.assert_array_equal(shuffled.total, real.total)
+    np.testing.assert_array_equal(np.sort(shuffled.aggregated), np.sort(real.aggregated))
+    assert not np.array_equal(shuffled.aggregated, real.aggregated)
+    np.testing.assert_array_equal(control.score(COMPLETIONS, GOLDS).aggregated, shuffled.aggregated)
+
+
+def test_final_answer_reward_scores_any_readable_answer():
+    from mindgrpo.rewards.verifiers import final_answer_reward
+
+    assert [final_answer_reward(text) for text in (
+        "so the total is \\boxed{40}", "#### 18", "<answer>7</answer>", "the total number of triangles eaten is:",
+        "#### Step 1: add")] == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
 def test_scorer_default_weights_and_single_name():
     batch = RewardScorer(["accuracy", "format"]).score(COMPLETIONS, GOLDS)
     np.testing.assert_allclose(batch.total, ACCURACY + FORMAT)

@@ -249,6 +249,11 @@ class RewardConfig:
     verifier_parallel: int = 0
     """Worker processes (per rank) that share the verifier calls, for slow verifiers; see verifier_timeout.
     0 (default): verifiers run in the trainer's process, or in one worker when verifier_timeout is set."""
+    shuffle_rewards: bool = False
+    """A control experiment, not a training setting: the rewards the advantages are computed from are randomly
+    permuted across each batch's completions (the same values and mean, no relation to the completion), while the
+    logged rewards stay the real ones. A run that still improves learned from something other than the reward
+    (Qwen2.5 is known to gain from spurious rewards on MATH); docs/real_qwen.md runs it beside the real recipe."""
 
 
 @dataclass

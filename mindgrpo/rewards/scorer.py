@@ -7,6 +7,7 @@ verifier that does not return one number per completion, is a bug: `VerifierErro
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import numbers
@@ -111,6 +112,11 @@ class RewardScorer:
 
     `fallback_last_number` is passed to every verifier as a keyword (accuracy_reward honours it; others ignore it).
 
+    `shuffle_rewards` (`reward_config.shuffle_rewards`, a control experiment) permutes what the advantages are computed
+    from across the batch's completions: the same values and mean, no relation to the completion each lands on. The
+    permutation is drawn from the batch's own text (`_content_rng`), so a resumed run draws the same one. `total`,
+    the logged reward, stays the real one: the control's curve shows what its policy really scores.
+
     With `verifier_timeout > 0` or `verifier_parallel > 0` the verifiers run in `max(1, verifier_parallel)` worker
     processes (`mindgrpo.workers`), which must be able to import each verifier by name; a call that takes
     longer than `verifier_timeout` seconds is cut, scores 0 and is counted in `RewardBatch.timeouts` and `failures`.
@@ -129,6 +135,7 @@ class RewardScorer:
         num_generations: int = 1,
         verifier_timeout: float = 0.0,
         verifier_parallel: int = 0,
+        shuffle_rewards: bool = False,
     ) -> None:
         names = [verifier_function] if isinstance(verifier_function, str) else list(verifier_function)
         if not names:
@@ -173,6 +180,7 @@ class RewardScorer:
                 _check_sendable(name, fn, index)
             self._pool = WorkerPool(self.functions, processes, timeout=self.verifier_timeout)
         self._warned: Set[Tuple[str, bool]] = set()
+        self.shuffle_rewards = bool(shuffle_rewards)
 
     @staticmethod
     def _check_weights(names: List[str], verifier_weight: Optional[Sequence[float]]) -> Dict[str, float]:
@@ -273,8 +281,11 @@ class RewardScorer:
                 ) from tally.cause
         per_verifier = {name: tally.scores for name, tally in tallies.items()}
         total = self._total(per_verifier, count)
+        aggregated = self._aggregated(per_verifier, total)
+        if self.shuffle_rewards:
+            aggregated = aggregated[_content_rng(completions, golds).permutation(count)]
         return RewardBatch(total, per_verifier, {name: t.failed for name, t in tallies.items()},
-                           {name: t.timed_out for name, t in tallies.items()}, self._aggregated(per_verifier, total))
+                           {name: t.timed_out for name, t in tallies.items()}, aggregated)
 
     def _calls(self, completions: Sequence[str], golds: Sequence[str],
                context_lists: Mapping[str, Sequence[object]]) -> List[Tuple[str, Optional[int], tuple, dict]]:
@@ -377,6 +388,12 @@ class RewardScorer:
         for name, scores in per_verifier.items():
             summed += self.weights[name] * group_normalize(scores, self.num_generations)
         return summed.astype(np.float32)
+
+
+def _content_rng(completions: Sequence[str], golds: Sequence[str]) -> np.random.Generator:
+    """A generator seeded by the batch's completions and golds: the same batch always draws the same numbers."""
+    digest = hashlib.sha256("\0".join(list(completions) + list(golds)).encode("utf-8", "surrogatepass")).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 
 
 def _call_here(fn: Verifier, args: tuple, kwargs: dict) -> CallOutcome:

@@ -171,6 +171,19 @@ def format_reward(completion: str, gold: str = "", **_context: object) -> float:
     return 1.0 if isinstance(completion, str) and _R1_FORMAT.fullmatch(completion) else 0.0
 
 
+@register_verifier("final_answer_reward", is_format=True)
+def final_answer_reward(completion: str, gold: str = "", **_context: object) -> float:
+    """1.0 iff the completion states a final answer `accuracy_reward` can read (the last `#### …` line,
+    `\\boxed{…}` or `<answer>…</answer>`, `extract_answer_text`), whatever its value, else 0.0.
+
+    A completion cut at `max_tokens` before its answer scores 0 here: with a small weight beside accuracy it is
+    the signal that teaches a model to finish within the budget, which accuracy alone gives only through the rare
+    completions that are both short and right. Its weight must stay well below accuracy's, so that a short wrong
+    answer never beats a right one.
+    """
+    return 1.0 if isinstance(completion, str) and extract_answer_text(completion) is not None else 0.0
+
+
 @register_verifier("hash_format_reward", is_format=True)
 def hash_format_reward(completion: str, gold: str = "", **_context: object) -> float:
     """1.0 iff some line is a `#### <number>` final-answer line (GSM8K style; markdown emphasis allowed), else 0.0."""

@@ -212,7 +212,8 @@ def reward_scorer(config: "GRPOConfig") -> "RewardScorer":
                             gate_accuracy_on_format=reward.gate_accuracy_on_format,
                             fallback_last_number=reward.fallback_last_number, aggregation=reward.aggregation,
                             num_generations=config.rl_config.num_generations,
-                            verifier_timeout=reward.verifier_timeout, verifier_parallel=reward.verifier_parallel)
+                            verifier_timeout=reward.verifier_timeout, verifier_parallel=reward.verifier_parallel,
+                            shuffle_rewards=reward.shuffle_rewards)
     except ValueError as err:  # VerifierSpecError included; each message names reward_config.verifier_*
         raise ConfigError(f"{err} (--verifier_function / --verifier_weight)") from None
 
