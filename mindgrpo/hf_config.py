@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 PathLike = Union[str, Path]
 
@@ -195,6 +195,30 @@ def qwen2_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> Qwen2Spe
         image_token_id=int(config.get("image_token_id", 151655)) if vl else None,
         vision_start_token_id=int(config.get("vision_start_token_id", 151652)) if vl else None,
         spatial_merge_size=int(vision.get("spatial_merge_size", 2)) if vl else None)
+
+
+def weight_shapes(spec: Qwen2Spec) -> Dict[str, tuple]:
+    """Every Hugging Face weight name of the language model with its full ``[out, in]`` shape, in the order of the
+    model's layers (tied models: no ``lm_head.weight``). The model, the planner and the tools all count from here."""
+    h, d, i_size = spec.hidden_size, spec.head_dim, spec.intermediate_size
+    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
+    shapes = {"model.embed_tokens.weight": (spec.vocab_size, h)}
+    for layer in range(spec.num_hidden_layers):
+        p = f"model.layers.{layer}"
+        shapes.update({
+            f"{p}.input_layernorm.weight": (h,),
+            f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.q_proj.bias": (q,),
+            f"{p}.self_attn.k_proj.weight": (kv, h), f"{p}.self_attn.k_proj.bias": (kv,),
+            f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.v_proj.bias": (kv,),
+            f"{p}.self_attn.o_proj.weight": (h, q),
+            f"{p}.post_attention_layernorm.weight": (h,),
+            f"{p}.mlp.gate_proj.weight": (i_size, h), f"{p}.mlp.up_proj.weight": (i_size, h),
+            f"{p}.mlp.down_proj.weight": (h, i_size),
+        })
+    shapes["model.norm.weight"] = (h,)
+    if not spec.tie_word_embeddings:
+        shapes["lm_head.weight"] = (spec.vocab_size, h)
+    return shapes
 
 
 def check_dtype(name: str, value: str) -> str:

@@ -7,6 +7,7 @@ import pytest
 
 from mindgrpo.config import (ConfigError, Derived, GRPOConfig, ParallelConfig, check_micro_batches,
                              check_parallel_layout, describe, load_config, micro_batch_problems, validate)
+from mindgrpo.hf_config import qwen2_spec
 
 
 def write(path: Path, text: str) -> Path:
@@ -125,6 +126,13 @@ def test_every_field_is_documented():
     assert headings == [f"# rl_config.{group.__name__}" for group in RLConfig.groups()]
 
 
+def model_shape(heads, kv_heads, layers, vocab_size=152064, intermediate_size=18944):
+    """A Qwen2 shape (head_dim 128), Qwen2.5-7B's vocabulary and MLP unless given."""
+    return qwen2_spec({"model_type": "qwen2", "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+                       "num_hidden_layers": layers, "hidden_size": 128 * heads, "vocab_size": vocab_size,
+                       "intermediate_size": intermediate_size})
+
+
 @pytest.mark.parametrize("layout, world, device, needle", [
     (dict(data_parallel=2, model_parallel=2), 8, "Ascend", "= 4, but 8 worker"),
     (dict(data_parallel=1, model_parallel=3), 3, "Ascend", "does not divide the 28 attention heads"),
@@ -133,18 +141,20 @@ def test_every_field_is_documented():
 ])
 def test_parallel_layout_errors(layout, world, device, needle):
     with pytest.raises(ConfigError, match=needle):
-        check_parallel_layout(ParallelConfig(**layout), world_size=world, num_heads=28, num_kv_heads=4,
-                              num_layers=28, device_target=device)
+        check_parallel_layout(ParallelConfig(**layout), world_size=world, model=model_shape(28, 4, 28),
+                              device_target=device)
 
 
 def test_parallel_layout_ok():
-    check_parallel_layout(ParallelConfig(data_parallel=2, model_parallel=4), world_size=8, num_heads=28,
-                          num_kv_heads=4, num_layers=28, device_target="Ascend")
-    check_parallel_layout(ParallelConfig(data_parallel=2), world_size=2, num_heads=4, num_kv_heads=2,
-                          num_layers=4, device_target="CPU")
+    check_parallel_layout(ParallelConfig(data_parallel=2, model_parallel=4), world_size=8,
+                          model=model_shape(28, 4, 28), device_target="Ascend")
+    check_parallel_layout(ParallelConfig(data_parallel=2), world_size=2, model=model_shape(4, 2, 4),
+                          device_target="CPU")
     # tensor parallel on CPU too (explicit collectives), with KV heads replicated when fewer than the ranks
-    check_parallel_layout(ParallelConfig(model_parallel=4), world_size=4, num_heads=4, num_kv_heads=2,
-                          num_layers=4, vocab_size=256, intermediate_size=96, device_target="CPU")
+    check_parallel_layout(ParallelConfig(model_parallel=4), world_size=4,
+                          model=model_shape(4, 2, 4, vocab_size=256, intermediate_size=96), device_target="CPU")
+    # without the model's shape (no readable config.json) only the worker count is checked
+    check_parallel_layout(ParallelConfig(model_parallel=3), world_size=3, model=None, device_target="CPU")
 
 
 def test_aliases_take_their_canonical_names():

@@ -33,8 +33,10 @@ def good_config(tmp_path):
     """A config whose every input exists: a model folder with config.json + safetensors, a MindRecord + index."""
     model = tmp_path / "model"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_attention_heads": 14,
-                                                   "num_key_value_heads": 2, "num_hidden_layers": 24}))
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_attention_heads": 14,  # 0.5B's shape
+                                                   "num_key_value_heads": 2, "num_hidden_layers": 24,
+                                                   "hidden_size": 896, "intermediate_size": 4864,
+                                                   "vocab_size": 151936}))
     (model / "model.safetensors").write_bytes(b"\0" * 16)
     (model / "tokenizer.json").write_text("{}")
     (tmp_path / "train.mindrecord").write_bytes(b"\0")

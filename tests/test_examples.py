@@ -4,9 +4,12 @@ from pathlib import Path
 import pytest
 
 from mindgrpo.config import check_parallel_layout, load_config, validate
+from mindgrpo.hf_config import qwen2_spec
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "grpo"
-QWEN2_5_7B = dict(num_heads=28, num_kv_heads=4, num_layers=28, vocab_size=152064, intermediate_size=18944)
+QWEN2_5_7B = dict(model=qwen2_spec({"model_type": "qwen2", "num_attention_heads": 28, "num_key_value_heads": 4,
+                                    "num_hidden_layers": 28, "hidden_size": 3584, "vocab_size": 152064,
+                                    "intermediate_size": 18944}))
 
 
 @pytest.mark.parametrize("name", ["grpo_demo.yaml", "dapo_demo.yaml", "grpo_qwen2_5_7b.yaml",

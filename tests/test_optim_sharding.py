@@ -33,8 +33,9 @@ def hf_shapes(kv_heads: int) -> dict:
 
 
 def layout(kv_heads: int, tp: int, rank: int = 0) -> TPLayout:
-    return TPLayout.for_hf_config({"num_attention_heads": 4, "num_key_value_heads": kv_heads, "head_dim": HEAD_DIM,
-                                   "hidden_size": HIDDEN, "vocab_size": VOCAB, "intermediate_size": INTER}, tp, rank)
+    return TPLayout.for_hf_config({"model_type": "qwen2", "num_hidden_layers": 1, "num_attention_heads": 4,
+                                   "num_key_value_heads": kv_heads, "head_dim": HEAD_DIM, "hidden_size": HIDDEN,
+                                   "vocab_size": VOCAB, "intermediate_size": INTER}, tp, rank)
 
 
 # ------------------------------------------------------------------------------------------------ owner partition

@@ -39,7 +39,7 @@ from typing import Dict, List
 import numpy as np
 
 from mindgrpo.choices import LORA_TARGET_MODULES
-from mindgrpo.apps.plan import hf_tensor_shapes
+from mindgrpo.hf_config import qwen2_spec, weight_shapes
 
 from bench_real_shapes import QWEN2_5, real_model
 from benchlib import ASSETS_CACHE, SIZES, cpu_model, peak_rss_mib, write_model
@@ -67,9 +67,9 @@ def targeted_cells(model) -> List:
 
 def buffer_bytes(hf_config: Dict, itemsize: int) -> int:
     """Bytes of the merged buffer: every targeted weight of a Qwen2.5 config once, at ``itemsize`` (the shapes are
-    the planner's, from config.json alone)."""
+    the model's and the planner's, from config.json alone)."""
     targets = tuple(f".{module}.weight" for module in LORA_TARGET_MODULES)
-    return itemsize * sum(math.prod(shape) for name, shape in hf_tensor_shapes(hf_config).items()
+    return itemsize * sum(math.prod(shape) for name, shape in weight_shapes(qwen2_spec(hf_config)).items()
                           if name.endswith(targets))
 
 

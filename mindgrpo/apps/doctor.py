@@ -391,34 +391,30 @@ def check_batches(config) -> Iterator[Check]:
                 f"{config.actor_config.micro_batch_size} (update) and {config.ref_config.ref_model_batch_size} (ref)")
 
 
-def _model_shape(config) -> Optional[dict]:
-    """Heads and layers from the actor's config.json, read directly: mindgrpo.models would import MindFormers
-    (seconds) for three numbers. The vocabulary and MLP sizes are checked when present (a truncated config.json is
-    reported by the path check)."""
-    from mindgrpo.config import parallel_layout_dims
+def _model_spec(config):
+    """The actor's shape from its config.json (:mod:`mindgrpo.hf_config`: no MindSpore, no MindFormers), or None
+    when it cannot be read (the path check reports a missing one)."""
+    from mindgrpo.hf_config import ModelConfigError, qwen2_spec, read_hf_config
 
     try:
-        return parallel_layout_dims(json.loads((Path(config.actor_config.load) / "config.json").read_text(
-            encoding="utf-8")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or unreadable: the path check reports it
+        return qwen2_spec(read_hf_config(config.actor_config.load))
+    except (OSError, ModelConfigError):
+        return None
 
 
 def check_layout(config, workers: int, device: str) -> Iterator[Check]:
     """The actor's layout, as the trainer checks it, and the reference/rollout layouts when they are set."""
     from mindgrpo.config import ConfigError, check_parallel_layout
 
-    shape = _model_shape(config)
+    model = _model_spec(config)
     for group in ("actor_config", "ref_config", "generate_config"):
         layout = getattr(config, group).parallel_config
         product = layout.data_parallel * layout.model_parallel * layout.pipeline_stage
         if group != "actor_config" and product == 1:
             continue  # left at the default: the trainer does not use it
-        dims = shape or dict(num_heads=layout.model_parallel, num_kv_heads=layout.model_parallel,
-                             num_layers=layout.pipeline_stage)  # divisibility unknown without config.json
         try:
             check_parallel_layout(layout, world_size=workers, device_target=device, key=f"{group}.parallel_config",
-                                  **dims)
+                                  model=model)
         except ConfigError as err:
             yield Check("FAIL", f"layout {group}", _one_line(str(err).split(":", 1)[1]),
                         f"set {group}.parallel_config so data_parallel x model_parallel x pipeline_stage = "
@@ -427,7 +423,7 @@ def check_layout(config, workers: int, device: str) -> Iterator[Check]:
             continue
         yield Check("ok", f"layout {group}", f"dp {layout.data_parallel} x mp {layout.model_parallel} x pp "
                     f"{layout.pipeline_stage} = {workers} worker(s) on {device}"
-                    + ("" if shape else " (heads/layers not checked: no readable actor config.json)"))
+                    + ("" if model else " (heads/layers not checked: no readable actor config.json)"))
 
 
 def check_memory(config, workers: int, device_memory: int) -> Check:

@@ -66,6 +66,8 @@ import sys
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from mindgrpo.config import Derived
+from mindgrpo.hf_config import qwen2_spec, weight_shapes
+from mindgrpo.parallel.layout import TPLayout
 
 HEADROOM = 0.9  # share of device memory the modelled parts may take; the rest is workspace, graphs, fragmentation
 DEVICES = ("ascend", "cpu")
@@ -125,43 +127,15 @@ def format_bytes(n: float) -> str:
 # ----------------------------------------------------------------------------------------------------------------
 # The model
 
-def hf_tensor_shapes(hf_config: Mapping) -> Dict[str, tuple]:
-    """Every Qwen2 weight by its Hugging Face name, with its full ``[out, in]`` shape, from config.json alone."""
-    hidden, heads = int(hf_config["hidden_size"]), int(hf_config["num_attention_heads"])
-    kv = int(hf_config.get("num_key_value_heads") or heads)
-    d = int(hf_config.get("head_dim") or hidden // heads)
-    vocab, inter = int(hf_config["vocab_size"]), int(hf_config["intermediate_size"])
-    shapes = {"model.embed_tokens.weight": (vocab, hidden), "model.norm.weight": (hidden,)}
-    for i in range(int(hf_config["num_hidden_layers"])):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (heads * d, hidden), p + "self_attn.q_proj.bias": (heads * d,),
-            p + "self_attn.k_proj.weight": (kv * d, hidden), p + "self_attn.k_proj.bias": (kv * d,),
-            p + "self_attn.v_proj.weight": (kv * d, hidden), p + "self_attn.v_proj.bias": (kv * d,),
-            p + "self_attn.o_proj.weight": (hidden, heads * d),
-            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter)})
-    if not hf_config.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (vocab, hidden)
-    return shapes
-
-
-def tp_layout(hf_config: Mapping, model_parallel: int):
+def tp_layout(hf_config: Mapping, model_parallel: int) -> TPLayout:
     """Rank 0's :class:`TPLayout` (every rank holds equally many parameters), unvalidated: see ``.problems()``."""
-    from mindgrpo.parallel.layout import TPLayout
-
-    heads = int(hf_config["num_attention_heads"])
-    return TPLayout(tp=model_parallel, rank=0, num_heads=heads,
-                    num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
-                    head_dim=int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads),
-                    vocab_size=int(hf_config["vocab_size"]), intermediate_size=int(hf_config["intermediate_size"]))
+    return TPLayout.of(qwen2_spec(hf_config), model_parallel)
 
 
 def local_sizes(hf_config: Mapping, model_parallel: int = 1) -> List[int]:
     """Element count of each parameter one tensor-parallel rank holds, through the loader's own slicing rule."""
-    layout = tp_layout(hf_config, model_parallel)
-    return [math.prod(layout.local_shape(name, shape)) for name, shape in hf_tensor_shapes(hf_config).items()]
+    layout, shapes = tp_layout(hf_config, model_parallel), weight_shapes(qwen2_spec(hf_config))
+    return [math.prod(layout.local_shape(name, shape)) for name, shape in shapes.items()]
 
 
 def local_parameters(hf_config: Mapping, model_parallel: int = 1) -> int:
@@ -177,7 +151,7 @@ def lora_sizes(hf_config: Mapping, rank: int, target_modules, model_parallel: in
     from mindgrpo.models.lora import LoraSpec, adapter_shapes
 
     spec = LoraSpec(rank=rank, alpha=1.0, target_modules=tuple(target_modules))
-    shapes = adapter_shapes(spec, hf_tensor_shapes(hf_config), int(hf_config["num_hidden_layers"]))
+    shapes = adapter_shapes(spec, weight_shapes(qwen2_spec(hf_config)), int(hf_config["num_hidden_layers"]))
     layout = tp_layout(hf_config, model_parallel)
     return [math.prod(layout.local_shape(name, shape)) for name, shape in shapes.items()]
 

@@ -18,12 +18,11 @@ from mindgrpo.config.load import CLI_FLAGS, ConfigWarning, dump_yaml, load_confi
 from mindgrpo.config.schema import (PROMPT_LENGTH_BUCKET, ActorConfig, ConfigError, GenerateConfig, GRPOConfig,
                                     LRScheduleConfig, OptimizerConfig, ParallelConfig, RefConfig, RewardConfig,
                                     RLConfig, SamplingConfig, describe, get_key, path_keys)
-from mindgrpo.config.validate import (check_micro_batches, check_parallel_layout, micro_batch_problems,
-                                      parallel_layout_dims, validate)
+from mindgrpo.config.validate import check_micro_batches, check_parallel_layout, micro_batch_problems, validate
 
 __all__ = [
     "ActorConfig", "CLI_FLAGS", "ConfigError", "ConfigWarning", "Derived", "GenerateConfig", "GRPOConfig",
     "LRScheduleConfig", "OptimizerConfig", "PROMPT_LENGTH_BUCKET", "ParallelConfig", "RLConfig", "RefConfig",
     "RewardConfig", "SamplingConfig", "check_micro_batches", "check_parallel_layout", "describe", "dump_yaml",
-    "get_key", "load_config", "micro_batch_problems", "parallel_layout_dims", "path_keys", "validate",
+    "get_key", "load_config", "micro_batch_problems", "path_keys", "validate",
 ]

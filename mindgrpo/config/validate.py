@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
 from mindgrpo.choices import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXECUTION_MODES,
                              GRAD_REDUCE_DTYPES, HEAD_IMPLS, IMPORTANCE_SAMPLING_LEVELS, KL_ALIASES,
@@ -20,6 +20,9 @@ from mindgrpo.choices import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXEC
                              TOOL_SANDBOXES, canonical)
 from mindgrpo.config.derived import Derived
 from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
+
+if TYPE_CHECKING:
+    from mindgrpo.hf_config import Qwen2Spec
 
 # Each key with a named choice: (its choices, the aliases validate renames to them).
 CHOICES: Dict[str, Tuple[Tuple[str, ...], Optional[Mapping[str, str]]]] = {
@@ -324,7 +327,7 @@ def _vllm_layout_problems(config: GRPOConfig) -> List[str]:
         return [f"{key} = {tp}: must be at least 1"]
     if not config.actor_config.load:
         return []
-    # Deferred: the package import of mindgrpo.models loads MindFormers, which config itself never needs.
+    # Imported on use: importing the config reads nothing of a model.
     from mindgrpo.hf_config import ModelConfigError, read_hf_config  # noqa: PLC0415
     from mindgrpo.parallel.layout import LayoutError, TPLayout  # noqa: PLC0415
 
@@ -410,28 +413,12 @@ def check_micro_batches(config: GRPOConfig) -> None:
         raise ConfigError("invalid micro-batch sizes:\n  - " + "\n  - ".join(problems.values()))
 
 
-def parallel_layout_dims(hf_config: Mapping) -> dict:
-    """The numbers of a Hugging Face config.json that :func:`check_parallel_layout` checks a layout against (the
-    vocabulary and MLP sizes only when present). Raises KeyError, ValueError or TypeError for a config without
-    usable head and layer counts."""
-    # Qwen2.5-VL configs saved by transformers >= 4.52 nest the language model's keys in text_config (the merge of
-    # mindgrpo.hf_config.language_model_config, which this leaf package may not import)
-    hf_config = {**hf_config, **(hf_config.get("text_config") or {})}
-    heads = int(hf_config["num_attention_heads"])
-    return dict(num_heads=heads, num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
-                num_layers=int(hf_config["num_hidden_layers"]),
-                vocab_size=int(hf_config["vocab_size"]) if "vocab_size" in hf_config else None,
-                intermediate_size=int(hf_config["intermediate_size"]) if "intermediate_size" in hf_config else None)
-
-
-def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_heads: int, num_kv_heads: int,
-                          num_layers: int, device_target: str, vocab_size: Optional[int] = None,
-                          intermediate_size: Optional[int] = None, key: str = "actor_config.parallel_config") -> None:
-    """Check a parallel layout against the worker count and the model shape (the same on CPU and Ascend: tensor
-    parallelism is explicit collectives, see mindgrpo.parallel.layers).
-
-    ``vocab_size`` and ``intermediate_size`` are checked when given (the embedding, lm_head and MLP are split over
-    model_parallel). Raises ConfigError naming the number that is wrong.
+def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, device_target: str,
+                          model: Optional[Qwen2Spec], key: str = "actor_config.parallel_config") -> None:
+    """Check a parallel layout against the worker count and the shape of ``model`` (the same on CPU and Ascend:
+    tensor parallelism is explicit collectives, see mindgrpo.parallel.layers): model_parallel must split its heads,
+    KV heads, MLP and vocabulary as :class:`~mindgrpo.parallel.layout.TPLayout` cuts them. ``model`` None (no
+    readable config.json) checks the worker count only. Raises ConfigError naming the number that is wrong.
     """
     dp, mp, pp = parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage
     problems = [f"{key}.{name} = {value}: must be at least 1"
@@ -445,12 +432,10 @@ def check_parallel_layout(parallel: ParallelConfig, *, world_size: int, num_head
         if pp > 1:
             problems.append(f"{key}.pipeline_stage = {pp}: pipeline parallelism is not implemented; use "
                             "model_parallel (tensor parallel) x data_parallel (see `python -m mindgrpo plan`)")
-        # The layout object the planner, the doctor and the model use (pure numpy); imported here because config
-        # is the leaf every other package reads, and a module-level import would make it read theirs.
-        from mindgrpo.parallel.layout import TPLayout  # noqa: PLC0415
+        if model is not None:
+            # The layout the model, the planner and the doctor build (pure numpy), imported on use as above.
+            from mindgrpo.parallel.layout import TPLayout  # noqa: PLC0415
 
-        layout = TPLayout(tp=mp, rank=0, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=1,
-                          vocab_size=vocab_size or mp, intermediate_size=intermediate_size or mp)
-        problems += [f"{key}.{p}" for p in layout.problems()]
+            problems += [f"{key}.{p}" for p in TPLayout.of(model, mp).problems()]
     if problems:
         raise ConfigError("invalid parallel layout:\n  - " + "\n  - ".join(problems))

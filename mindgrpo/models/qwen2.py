@@ -26,7 +26,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
-from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config
+from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config, weight_shapes
 from mindgrpo.models.lora import (LoraSpec, adapter_shapes, attach_adapters, init_adapters, load_peft,
                                   read_peft_spec)
 from mindgrpo.models.weights import hf_parameters, load_hf_weights
@@ -90,29 +90,6 @@ class _Body(nn.Cell):
         self.norm_out = _Weight(make("model.norm.weight"))
 
 
-def full_shapes(spec: Qwen2Spec) -> Mapping[str, tuple]:
-    """Every HF weight name of the model with its full shape (tied models: no ``lm_head.weight``)."""
-    h, d, i_size = spec.hidden_size, spec.head_dim, spec.intermediate_size
-    q, kv = spec.num_attention_heads * d, spec.num_key_value_heads * d
-    shapes = {"model.embed_tokens.weight": (spec.vocab_size, h)}
-    for layer in range(spec.num_hidden_layers):
-        p = f"model.layers.{layer}"
-        shapes.update({
-            f"{p}.input_layernorm.weight": (h,),
-            f"{p}.self_attn.q_proj.weight": (q, h), f"{p}.self_attn.q_proj.bias": (q,),
-            f"{p}.self_attn.k_proj.weight": (kv, h), f"{p}.self_attn.k_proj.bias": (kv,),
-            f"{p}.self_attn.v_proj.weight": (kv, h), f"{p}.self_attn.v_proj.bias": (kv,),
-            f"{p}.self_attn.o_proj.weight": (h, q),
-            f"{p}.post_attention_layernorm.weight": (h,),
-            f"{p}.mlp.gate_proj.weight": (i_size, h), f"{p}.mlp.up_proj.weight": (i_size, h),
-            f"{p}.mlp.down_proj.weight": (h, i_size),
-        })
-    shapes["model.norm.weight"] = (h,)
-    if not spec.tie_word_embeddings:
-        shapes["lm_head.weight"] = (spec.vocab_size, h)
-    return shapes
-
-
 def is_norm(hf_name: str) -> bool:
     return hf_name.endswith("norm.weight")
 
@@ -156,7 +133,7 @@ class Qwen2Model(nn.Cell):
             raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
         self.lora = lora
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
-        self.full_shapes = dict(full_shapes(spec))
+        self.full_shapes = weight_shapes(spec)
         self.adapter_shapes = (adapter_shapes(lora, self.full_shapes, spec.num_hidden_layers) if lora is not None
                                else {})
         self.compute_dtype = check_dtype("compute_dtype", compute_dtype)
@@ -277,8 +254,10 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
         lora = read_peft_spec(adapter_dir)
     hf_config = read_hf_config(model_dir)
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
-    model = Qwen2Model(spec, hf_config, TPLayout.for_hf_config(hf_config, tp_size, tp_rank), tp_group, role=role,
-                       compute_dtype=compute_dtype, param_dtype=param_dtype, lora=lora)
+    layout = TPLayout.of(spec, tp_size, tp_rank)
+    layout.validate()
+    model = Qwen2Model(spec, hf_config, layout, tp_group, role=role, compute_dtype=compute_dtype,
+                       param_dtype=param_dtype, lora=lora)
     if load_weights:
         model.load_weights(model_dir)  # each tensor replaces its zeros, one at a time
         if lora is not None and adapter_dir is None:

@@ -32,7 +32,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from mindgrpo.hf_config import language_model_config
+from mindgrpo.hf_config import Qwen2Spec, qwen2_spec
 
 # HF name suffix -> the axis it is split on (None: replicated). Layer weights are matched by their suffix.
 _SPLIT_AXIS = {
@@ -84,13 +84,17 @@ class TPLayout:
     intermediate_size: int
 
     @classmethod
-    def for_hf_config(cls, hf_config: Mapping, tp: int, rank: int) -> "TPLayout":
-        hf_config = language_model_config(hf_config)  # a Qwen2.5-VL config may nest them in text_config
-        heads = int(hf_config["num_attention_heads"])
-        layout = cls(tp=tp, rank=rank, num_heads=heads,
-                     num_kv_heads=int(hf_config.get("num_key_value_heads") or heads),
-                     head_dim=int(hf_config.get("head_dim") or int(hf_config["hidden_size"]) // heads),
-                     vocab_size=int(hf_config["vocab_size"]), intermediate_size=int(hf_config["intermediate_size"]))
+    def of(cls, spec: Qwen2Spec, tp: int, rank: int = 0) -> "TPLayout":
+        """Rank ``rank``'s split of the model ``spec`` over ``tp`` ranks, the one way every caller builds it (the
+        model, the config checks, the planner, the doctor). Unchecked: :meth:`problems` says whether the split
+        works, :meth:`validate` raises if not."""
+        return cls(tp=tp, rank=rank, num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads,
+                   head_dim=spec.head_dim, vocab_size=spec.vocab_size, intermediate_size=spec.intermediate_size)
+
+    @classmethod
+    def for_hf_config(cls, hf_config: Mapping, tp: int, rank: int = 0) -> "TPLayout":
+        """:meth:`of` a ``config.json`` dict (text or Qwen2.5-VL), checked: a LayoutError when it cannot split."""
+        layout = cls.of(qwen2_spec(hf_config), tp, rank)
         layout.validate()
         return layout
 

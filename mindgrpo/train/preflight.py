@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Sequence, Tuple
 
 import numpy as np
 
-from mindgrpo.config import ConfigError, check_micro_batches, check_parallel_layout, parallel_layout_dims, validate
+from mindgrpo.config import ConfigError, check_micro_batches, check_parallel_layout, validate
 from mindgrpo.data import PROMPT_TEMPLATES, DataError, PromptDataset, render_prompt
 from mindgrpo.data.templates import render_tool_prompt
 from mindgrpo.parallel.groups import launched_by_msrun
@@ -172,7 +172,7 @@ def check_gradient_dtype(config: "GRPOConfig") -> None:
 def check_launch(config: "GRPOConfig", world_size: int) -> None:
     """The layout against msrun's worker count and against the actor's (and a separate reference's) config.json:
     heads, KV heads, MLP and vocabulary must split over model_parallel."""
-    from mindgrpo.hf_config import ModelConfigError, read_hf_config
+    from mindgrpo.hf_config import ModelConfigError, qwen2_spec, read_hf_config
 
     parallel = config.actor_config.parallel_config
     workers = parallel.data_parallel * parallel.model_parallel * parallel.pipeline_stage
@@ -188,12 +188,12 @@ def check_launch(config: "GRPOConfig", world_size: int) -> None:
         models.append(("ref_config.load", config.ref_load))
     for key, folder in models:
         try:
-            dims = parallel_layout_dims(read_hf_config(folder))
-        except (OSError, ModelConfigError, KeyError, TypeError, ValueError) as err:
+            model = qwen2_spec(read_hf_config(folder))
+        except (OSError, ModelConfigError) as err:
             raise ConfigError(f"{key} = {folder}: {err}") from None
         try:
             check_parallel_layout(parallel, world_size=world_size, device_target=config.rl_config.device_target,
-                                  **dims)
+                                  model=model)
         except ConfigError as err:
             raise ConfigError(f"{err} (the model of {key} = {folder})"
                               + (f"\n  - {unlaunched}" if unlaunched else "")) from None
