@@ -44,10 +44,11 @@ setup(
         # pytest-xdist runs the suite on two workers (the README's `pytest -n 2`).
         # peft: the LoRA parity and export tests load our adapters with PEFT itself.
         # gguf: `mindgrpo fetch` converts a real Qwen2.5, which the real-weights parity tests compare.
+        # mkdocs: tests/test_docs.py builds docs/ as a site with `mkdocs build --strict`.
         # The suite itself is checked on one pair (CI's): the test extra pins it.
         "test": ["mindspore==2.9.0", "mindformers==1.9.0", "pytest", "pytest-xdist>=3.6", "hypothesis",
                  "torch==2.13.0", "peft==0.18.0", "gguf==0.19.0", "matplotlib", "nbclient", "nbformat",
-                 "ipykernel"],
+                 "ipykernel", "mkdocs==1.6.1"],
         # `mindgrpo fetch`: transformers' GGUF loader needs gguf and torch (install torch's CPU wheel first)
         "fetch": ["gguf", "torch"],
         "plot": ["matplotlib"],

@@ -1,5 +1,5 @@
-"""Every MindRLHF flag of the README's table reaches the config key it names, and that key has its effect on a
-built trainer (or the flag is refused: tests/test_preflight.py). Valid parts come from the embedded demo."""
+"""Every MindRLHF flag of the flag table (docs/configuration.md) reaches the config key it names, and that key has its
+effect on a built trainer (or the flag is refused: tests/test_preflight.py). Valid parts come from the embedded demo."""
 import json
 import re
 import shutil
@@ -14,7 +14,7 @@ from mindgrpo.config import CLI_FLAGS, get_key, load_config
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_qwen import make_tiny_qwen2  # noqa: E402
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+FLAG_TABLE = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 
 # A value for each flag as typed, and what its key then holds ({tmp} is the test's folder).
 TYPED = {
@@ -49,9 +49,9 @@ def test_flag_reaches_its_key(flag, tmp_path, monkeypatch):
     assert get_key(config, CLI_FLAGS[flag]) == expected
 
 
-def test_readme_table_names_every_flag_and_its_key():
-    """The README's flag table lists exactly load.py's flags, each with the key it sets."""
-    rows = re.findall(r"^\| `--(\w+)` \| `([\w.]+)` \|", README.read_text(encoding="utf-8"), re.M)
+def test_flag_table_names_every_flag_and_its_key():
+    """The flag table lists exactly load.py's flags, each with the key it sets."""
+    rows = re.findall(r"^\| `--(\w+)` \| `([\w.]+)` \|", FLAG_TABLE.read_text(encoding="utf-8"), re.M)
     assert dict(rows) == CLI_FLAGS
 
 
