@@ -9,6 +9,7 @@ on the console. Users who want the full logs set ``MINDGRPO_VERBOSE=1`` (or thei
 import logging
 import os
 import tempfile
+import warnings
 
 _CONFIGURED = False
 
@@ -30,12 +31,24 @@ class _OnlyErrors(logging.Filter):
         return record.levelno >= logging.ERROR
 
 
+def _one_line_for_mindgrpo(plain):
+    """mindgrpo's own warnings (a config key with no effect, a renamed key, a checkpoint skipped) speak to the user
+    about their run: print each as one ``warning: ...`` line instead of a location in mindgrpo's source followed by
+    that source line. Every other warning keeps Python's format."""
+    def format_warning(message, category, filename, lineno, line=None):
+        if category.__module__.split(".")[0] == "mindgrpo":
+            return f"warning: {message}\n"
+        return plain(message, category, filename, lineno, line)
+    return format_warning
+
+
 def configure() -> None:
     """Set log locations and verbosity once per process; idempotent."""
     global _CONFIGURED
     if _CONFIGURED:
         return
     _CONFIGURED = True
+    warnings.formatwarning = _one_line_for_mindgrpo(warnings.formatwarning)
     verbose = os.environ.get("MINDGRPO_VERBOSE", "") not in ("", "0")
     if not verbose:
         os.environ.setdefault("GLOG_v", "3")  # MindSpore C++ and Python logger: errors only

@@ -1,5 +1,6 @@
 """The command line: `mindgrpo COMMAND` (python -m mindgrpo), every command's --help, flags and overrides in any
 order, and the MindRLHF-style scripts that wrap it (examples/grpo/main.py, tools/*.py)."""
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,25 @@ def test_top_level_help_says_what_each_command_reads(capsys):
     eval_line = out.split("\n  eval ", 1)[1].split("\n  chat ", 1)[0]
     assert "GSM8K or MATH-style" in eval_line and "LoRA" in eval_line
     assert "MATH-style" in out.split("\n  data ", 1)[1].split("\n  eval ", 1)[0]
+
+
+REPO_PATH = re.compile(r"(?:\.\./)*[\w.-]+(?:/[\w.-]+)+\.(?:py|md|sh|yaml|ipynb)")
+
+
+def test_every_file_a_help_text_names_is_in_the_repository(capsys):
+    """`mindgrpo data --help` once sent readers to ../shared/peer/trl_grpo_bench.py, and to verl's
+    examples/data_preprocess/geo3k.py as if it were ours: a path a help text names is a file of this checkout."""
+    texts = []
+    for argv in [["--help"]] + [[command, "--help"] for command in COMMANDS]:
+        try:
+            cli_main(argv)
+        except SystemExit:
+            pass
+        texts.append(capsys.readouterr().out)
+    named = set(REPO_PATH.findall("\n".join(texts)))
+    assert {"tools/rlhf_data.py", "examples/grpo/main.py"} <= named
+    for path in sorted(named):
+        assert (REPO / path).resolve().is_relative_to(REPO) and (REPO / path).is_file(), f"help names {path}"
 
 
 def test_config_help_refuses_arguments(capsys):

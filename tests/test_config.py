@@ -1,6 +1,8 @@
 """Config loading: yaml groups, relative paths, unknown keys, flags, overrides, validation."""
+import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -113,6 +115,66 @@ reward_config:
     assert "actor_config.load is not set" in msg
     assert "exceeds rl_config.seq_length" in msg
     assert "one weight per verifier" in msg
+
+
+REPO = Path(__file__).resolve().parents[1]
+NO_EFFECT = [  # overrides -> the one warning they raise
+    (["generate_config.gpu_memory_utilization=0.5"],
+     r"^generate_config.gpu_memory_utilization = 0.5 has no effect: it is the vllm backend's, and "
+     r"generate_config.backend is native; remove it"),
+    (["rl_config.max_tool_turns=8"], r"^rl_config.max_tool_turns = 8 has no effect: rl_config.tools is empty"),
+    (["rl_config.tool_sandbox=process"], r"^rl_config.tool_sandbox = 'process' has no effect: rl_config.tools is empty"),
+    (["rl_config.epochs=3", "rl_config.max_steps=10"],
+     r"^rl_config.epochs = 3 has no effect: rl_config.max_steps = 10 sets the run's length; remove epochs"),
+    (["actor_config.lora_alpha=32"], r"^actor_config.lora_alpha = 32.0 has no effect: actor_config.lora_rank is 0"),
+]
+
+
+@pytest.mark.parametrize("overrides, warning", NO_EFFECT)
+def test_a_setting_with_no_effect_is_warned_about_by_name(overrides, warning):
+    """vllm-only keys on the native backend, tool settings without tools, epochs beside max_steps and LoRA keys
+    without LoRA once passed without a word. Each is one ConfigWarning naming the key and the fix; the run goes on
+    (a recipe may keep such a key for when it switches the setting back)."""
+    from mindgrpo.config import ConfigWarning
+
+    with pytest.warns(ConfigWarning) as caught:
+        validate(load_config(None, overrides), check_paths=False)
+    assert len(caught) == 1
+    assert re.match(warning, str(caught[0].message)), str(caught[0].message)
+
+
+def test_the_same_settings_where_they_act_and_the_shipped_recipes_raise_no_warning():
+    acting = [["rl_config.tools=[calculator]", "rl_config.max_tool_turns=8"], ["rl_config.epochs=3"],
+              ["actor_config.lora_rank=8", "actor_config.lora_alpha=32"]]
+    recipes = sorted((REPO / "examples").rglob("*.yaml"))
+    assert len(recipes) >= 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for overrides in acting:
+            validate(load_config(None, overrides), check_paths=False)
+        for recipe in recipes:
+            validate(load_config(recipe), check_paths=False)
+
+
+def test_a_warning_is_one_line_on_the_console():
+    """Python's format puts a location in mindgrpo's source and that source line before the message."""
+    code = ("import mindgrpo; from mindgrpo.config import load_config, validate; "
+            "validate(load_config(None, ['rl_config.epochs=3', 'rl_config.max_steps=10']), check_paths=False); "
+            "validate(load_config(None, ['rl_config.epochs=3', 'rl_config.max_steps=10']), check_paths=False)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr.startswith("warning: rl_config.epochs = 3 has no effect")
+    assert done.stderr.count("\n") == 1, done.stderr  # once, however often the config is validated
+
+
+def test_the_lora_help_says_what_validate_accepts():
+    """The LoRA key's help once said it needs model_parallel 1, while tensor-parallel LoRA trains
+    (tests/test_data_tensor_parallel.py): what the help names as needed is what validate refuses without."""
+    help_line = next(line for line in describe() if line.startswith("actor_config.lora_rank "))
+    assert "model_parallel 1" not in help_line and "any model_parallel" in help_line and "native" in help_line
+    validate(load_config(None, ["actor_config.lora_rank=16", "actor_config.parallel_config.model_parallel=2"]),
+             check_paths=False)
+    with pytest.raises(ConfigError, match="only the native engine decodes with the adapters"):
+        validate(load_config(None, ["actor_config.lora_rank=16", "generate_config.backend=vllm"]), check_paths=False)
 
 
 def test_every_field_is_documented():

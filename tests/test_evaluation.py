@@ -393,7 +393,7 @@ def test_eval_cli_runs_math_problems(tmp_path, demo_plain):
 
     jsonl, _ = write_math_files(tmp_path)
     out = tmp_path / "eval.jsonl"
-    assert main([str(demo_plain.model_dir), str(jsonl), "--dataset-type", "math", "--max-new-tokens", "8",
+    assert main([str(demo_plain.model_dir), str(jsonl), "--max-new-tokens", "8",  # the file's form: math
                  "--output", str(out), "--no-progress"]) == 0
     summary = json.loads(summary_path(out).read_text())
     assert summary["dataset_type"] == "math" and summary["problems"] == 3

@@ -164,7 +164,7 @@ def run_7b_recipe_twin(tmp_path: Path, demo, prompts: Path, *, dp: int, mp: int,
         "rl_config.save_ckpt_interval=2", "rl_config.save_prompt_completions_interval=1",
         f"actor_config.load={model}", "actor_config.compute_dtype=float32", "ref_config.compute_dtype=float32",
         f"actor_config.param_dtype={param_dtype}",
-        "generate_config.sampling_config.max_tokens=12", "generate_config.max_model_len=80",
+        "generate_config.sampling_config.max_tokens=12",
         "reward_config.verifier_function=[toy_verifiers:text_length]", "reward_config.verifier_weight=[1.0]",
     ]
     for section in ("actor_config", "ref_config", "generate_config"):

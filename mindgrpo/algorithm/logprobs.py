@@ -3,8 +3,8 @@
 Qwen2.5's vocabulary has 151,936 entries, so a [B, T, V] float32 tensor is ~0.6 MB per token. On CPU, MindSpore's
 broadcasting element-wise kernels (``logits - max[..., None]``) and ``Transpose`` build a table of 8-byte indices
 per output element when a graph is compiled, and keep it for the graph's lifetime: two such tables cost four times
-the logits themselves, in every compiled shape (found with an allocation tracer; see the README's performance
-notes). So the log-softmax is MindSpore's own ``LogSoftmax`` kernel (one fused pass, its own backward, no tables)
+the logits themselves, in every compiled shape (found with an allocation tracer; see docs/performance.md,
+"Memory"). So the log-softmax is MindSpore's own ``LogSoftmax`` kernel (one fused pass, its own backward, no tables)
 followed by a gather of the target column, and temperature scaling is a scalar multiply. ``chunk_size`` bounds the
 temporaries to ``chunk_size`` rows of the flattened [B*T, V] logits; ``ops.split`` is used so the backward
 concatenates chunk gradients rather than padding each to full size. The gradient with respect to the logits is

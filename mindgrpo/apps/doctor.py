@@ -129,7 +129,8 @@ def _read_table(table: Path) -> Optional[dict]:
 
 
 def check_tested_pair(table: Path = COMPAT_TABLE) -> Check:
-    """The installed MindSpore and MindFormers against the pairs tools/compat.py ran (the README's "Tested with")."""
+    """The installed MindSpore and MindFormers against the pairs tools/compat.py ran (docs/versions.md's "Tested
+    with")."""
     try:
         found = (importlib.metadata.version("mindspore"), _version_or_none("mindformers"))
     except importlib.metadata.PackageNotFoundError:
@@ -155,7 +156,7 @@ def check_tested_pair(table: Path = COMPAT_TABLE) -> Check:
     when = row.get("date", record.get("date", "?"))  # each row records its run's date (older tables: the table's)
     if not row.get("passed"):
         return Check("warn", "tested pair", f"{pair} failed tools/compat.py on {when}",
-                     f"see the README's Tested with table; tested pairs: {tested}")
+                     f"see the Tested with table in docs/versions.md; tested pairs: {tested}")
     return Check("ok", "tested pair", f"{pair}: passed tools/compat.py on {when} "
                                       f"({record.get('machine', '')})")
 

@@ -3,12 +3,12 @@ training's prompts and answer comparison.
 
 MODEL is a Hugging Face folder (config.json + safetensors + tokenizer), a mindgrpo run folder
 (rl_config.output_dir: its newest verified checkpoint is used), its checkpoints/ folder, or one step_N folder.
-DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending in "#### <number>"), or with
---dataset-type math MATH500/AIME-style problems ({"problem", "answer"}, jsonl or parquet; answers compared with
-math-verify, as training's accuracy_reward compares them).
+DATA is a GSM8K-format jsonl ({"question", "answer"} per line, the answer ending in "#### <number>") or MATH500/AIME-
+style problems ({"problem", "answer"}, jsonl or parquet; answers compared with math-verify, as training's
+accuracy_reward compares them): the file's form chooses, or --dataset-type, which refuses a file of the other form.
 
     mindgrpo eval MODEL DATA [--limit 100] [--samples 8 --temperature 0.7] [--output eval.jsonl]
-    mindgrpo eval MODEL math500/test.jsonl --dataset-type math --template r1_zero --max-new-tokens 2048
+    mindgrpo eval MODEL math500/test.jsonl --template r1_zero --max-new-tokens 2048
     python tools/eval_gsm8k.py MODEL DATA ...                    # the same, with this checkout's mindgrpo
 
 Writes one JSON line per problem (question, completion(s), extracted answer, gold, correct, maj@k fields) to
@@ -35,13 +35,13 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
     parser = argparse.ArgumentParser(prog=prog, description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_model_arguments(parser)
-    parser.add_argument("data", help="GSM8K-format jsonl, e.g. gsm8k/test.jsonl")
+    parser.add_argument("data", help="the problems: GSM8K-format jsonl (gsm8k/test.jsonl), MATH-style jsonl or parquet")
     parser.add_argument("--output", help="per-problem results (jsonl); default: eval_<DATA name>.jsonl here")
     parser.add_argument("--template", choices=sorted(PROMPT_TEMPLATES),
                         help="prompt template; default: the run's training template, else gsm8k_hash")
-    parser.add_argument("--dataset-type", default="gsm8k", choices=sorted(set(READERS) - IMAGE_DATASETS),
-                        help="the data's format: gsm8k (default), math (MATH500/AIME: problem + answer, jsonl or "
-                             "parquet), math17k, deepscaler")
+    parser.add_argument("--dataset-type", "--dataset_type", choices=sorted(set(READERS) - IMAGE_DATASETS),
+                        help="the data's format: gsm8k, math (MATH500/AIME: problem + answer, jsonl or parquet), "
+                             "math17k, deepscaler; default: the one the file's form asks for")
     parser.add_argument("--limit", type=int, help="evaluate only the first N problems")
     parser.add_argument("--max-new-tokens", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=32, help="sequences decoded together")

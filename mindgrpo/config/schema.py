@@ -146,8 +146,8 @@ class ActorConfig:
     reference policy is the backbone with the adapters off (no second copy of the weights; beta > 0 costs one more
     forward). A starts as PEFT's Kaiming-uniform and B at zero, so step 1's KL is exactly 0. Checkpoints hold the
     adapters as a PEFT folder (``peft.PeftModel.from_pretrained`` loads it onto actor_config.load). Needs the
-    native rollout backend (it decodes with the adapters applied, unmerged: ``x W + s (x A) B``) and
-    model_parallel 1."""
+    native rollout backend (it decodes with the adapters applied, unmerged: ``x W + s (x A) B``). Trains at any
+    model_parallel: each adapter is split as its weight is (docs/lora.md)."""
     lora_alpha: float = 16.0
     """LoRA's scaling numerator: the adapters' product is scaled by lora_alpha / lora_rank (verl's default 16)."""
     lora_target_modules: List[str] = field(default_factory=lambda: list(LORA_TARGET_MODULES))
@@ -326,7 +326,7 @@ class ToolsConfig:
     The results are the model's context, never its samples: the loss leaves them out (see mindgrpo.tools)."""
 
     tools: List[str] = field(default_factory=list)
-    """Tools the model may call: ``calculator`` (arithmetic), ``python`` (sandboxed; see the README), or your own as
+    """Tools the model may call: ``calculator`` (arithmetic), ``python`` (sandboxed; docs/sandbox.md), or your own as
     ``package.module:function`` (a top-level function whose type hints and Google-style docstring give its JSON
     signature, or decorated with ``mindgrpo.tools.tool_signature``). Empty (default): single-turn rollouts. The
     dataset must have been converted with the same ``--tools``, which puts them in every prompt."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
 
@@ -19,7 +20,9 @@ from mindgrpo.choices import (COMPUTE_DTYPES, DECODE_IMPLS, DEVICE_TARGETS, EXEC
                              REWARD_AGGREGATIONS, ROLLOUT_BACKENDS, ROLLOUT_CORRECTIONS, SCALE_REWARDS,
                              TOOL_SANDBOXES, canonical)
 from mindgrpo.config.derived import Derived
-from mindgrpo.config.schema import ConfigError, GRPOConfig, ParallelConfig, get_key, path_keys
+from mindgrpo.config.load import ConfigWarning
+from mindgrpo.config.schema import (ActorConfig, ConfigError, GenerateConfig, GRPOConfig, ParallelConfig, RLConfig,
+                                    get_key, path_keys)
 
 if TYPE_CHECKING:
     from mindgrpo.hf_config import Qwen2Spec
@@ -62,7 +65,38 @@ def validate(config: GRPOConfig, *, check_paths: bool = True) -> GRPOConfig:
     if problems:
         where = f" in {config.config_path}" if config.config_path else ""
         raise ConfigError(f"invalid configuration{where}:\n  - " + "\n  - ".join(problems))
+    for line in no_effect_settings(config):
+        warnings.warn(line, ConfigWarning, stacklevel=1)  # one place: each line shows once however often validated
     return config
+
+
+VLLM_KEYS = ("gpu_memory_utilization", "block_size", "max_model_len")
+TOOL_KEYS = ("max_tool_turns", "max_tool_response_tokens", "tool_timeout", "tool_parallel", "tool_sandbox",
+             "tool_sandbox_url")
+LORA_KEYS = ("lora_alpha", "lora_target_modules")
+
+
+def no_effect_settings(config: GRPOConfig) -> List[str]:
+    """The keys set away from their defaults that the rest of the config leaves nothing to do, one line each naming
+    the key, why, and what to change. :func:`validate` warns with them (a :class:`ConfigWarning`) rather than
+    refusing: a recipe may keep such a key for when it switches the setting back (the tool demo's control run is
+    ``rl_config.tools=[]``)."""
+    rl, generate, actor = config.rl_config, config.generate_config, config.actor_config
+
+    def changed(section, default, names):
+        return [(name, getattr(section, name)) for name in names if getattr(section, name) != getattr(default, name)]
+
+    lines = [f"generate_config.{name} = {value!r} has no effect: it is the vllm backend's, and "
+             f"generate_config.backend is {generate.backend}; remove it (or set backend: vllm)"
+             for name, value in changed(generate, GenerateConfig(), VLLM_KEYS) if generate.backend != "vllm"]
+    lines += [f"rl_config.{name} = {value!r} has no effect: rl_config.tools is empty; remove it (or offer a tool)"
+              for name, value in changed(rl, RLConfig(), TOOL_KEYS) if not rl.tools]
+    if rl.max_steps > 0 and rl.epochs != RLConfig().epochs:
+        lines.append(f"rl_config.epochs = {rl.epochs} has no effect: rl_config.max_steps = {rl.max_steps} sets the "
+                     f"run's length; remove epochs (or set max_steps: 0 to run {rl.epochs} epochs)")
+    lines += [f"actor_config.{name} = {value!r} has no effect: actor_config.lora_rank is 0 (LoRA off); remove it "
+              "(or set lora_rank)" for name, value in changed(actor, ActorConfig(), LORA_KEYS) if actor.lora_rank == 0]
+    return lines
 
 
 def _model_source_problems(config: GRPOConfig) -> List[str]:

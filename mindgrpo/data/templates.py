@@ -37,8 +37,8 @@ PROMPT_TEMPLATES: dict[str, PromptTemplate] = {t.name: t for t in (
         "gsm8k_hash",
         "<|im_start|>user\n{question}\nLet's think step by step and output the final answer after \"####\"."
         "<|im_end|>\n<|im_start|>assistant\n",
-        "The peer TRL benchmark's prompt (../shared/peer/trl_grpo_bench.py), byte for byte: a ChatML user turn "
-        "without a system turn asking for the answer after '####', as GSM8K's own solutions write it."),
+        "A ChatML user turn without a system turn asking for the answer after '####', as GSM8K's own solutions "
+        "write it: byte for byte the prompt of the TRL benchmark mindgrpo is measured against (tools/trl_peer.py)."),
     PromptTemplate(
         "chatml",
         "<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n",
@@ -53,7 +53,7 @@ PROMPT_TEMPLATES: dict[str, PromptTemplate] = {t.name: t for t in (
         "<|im_start|>user\n{question} You FIRST think about the reasoning process as an internal monologue and then "
         "provide the final answer. The reasoning process MUST BE enclosed within <think> </think> tags. The final "
         "answer MUST BE put in \\boxed{}.<|im_end|>\n<|im_start|>assistant\n",
-        "verl's geo3k prompt (examples/data_preprocess/geo3k.py): the problem, a space, then the instruction to "
+        "verl's geo3k prompt (as its geo3k preprocessing example writes it): the problem, a space, then the instruction to "
         "think inside <think> </think> and put the final answer in \\boxed{}; pairs with geo3k_reward."),
 )}
 

@@ -4,7 +4,7 @@ is developed and tested on CPU-only machines, where vllm-mindspore does not impo
 The rest of mindgrpo calls into this module and nothing else reaches for Ascend-only packages or tools:
 
 * :data:`ASCEND_ONLY`: the features that exist only on Ascend (``python -m mindgrpo doctor`` prints it on CPU,
-  the README's Ascend section names the same).
+  docs/ascend.md names the same).
 * :func:`import_vllm`: vllm-mindspore, the engine of the ``vllm`` rollout backend
   (:mod:`mindgrpo.rollout.backends.vllm`). It is an optional extra (``pip install mindgrpo[ascend]``), imported only
   when that backend is chosen, and its absence is an error that names the package and the alternative.
