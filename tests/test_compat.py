@@ -1,5 +1,5 @@
-"""tools/compat.py, which makes the README's "Tested with" table and mindgrpo/compat.json: the table it prints from
-its rows, the pairs it accepts, and the shipped table the doctor reads."""
+"""tools/compat.py, which makes docs/versions.md's "Tested with" table and mindgrpo/compat.json: the table it prints
+from its rows, the pairs it accepts, and the shipped table the doctor reads."""
 import json
 import sys
 from pathlib import Path

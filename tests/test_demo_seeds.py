@@ -1,4 +1,4 @@
-"""tools/demo_seeds.py, which makes the README's demo figures: the runs it starts and the table it prints."""
+"""tools/demo_seeds.py, which makes docs/demo.md's figures: the runs it starts and the table it prints."""
 import sys
 from pathlib import Path
 

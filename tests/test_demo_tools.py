@@ -50,7 +50,7 @@ def check_seed(tmp_path: Path, seed: int) -> None:
 
 
 def test_tool_demo_beats_the_same_budget_without_tools(tmp_path):
-    """Seed 0 as shipped, in the default suite: the README's claim that the tool demo learns."""
+    """Seed 0 as shipped, in the default suite: docs/tools.md's claim that the tool demo learns."""
     check_seed(tmp_path, 0)
 
 

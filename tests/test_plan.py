@@ -108,7 +108,7 @@ BF16_STATE = ("actor_config.param_dtype=bfloat16", "actor_config.grad_reduce_dty
 
 
 def test_bf16_state_fits_7b_at_tensor_parallel_2_and_32b_on_32_devices(model_7b, tmp_path):
-    """The README's figures: with bf16 weights and bf16 gradient buffers (Ascend), Qwen2.5-7B on 8 x 64 GB at
+    """docs/parallelism.md's figures: with bf16 weights and bf16 gradient buffers (Ascend), Qwen2.5-7B on 8 x 64 GB at
     4 x 2 and Qwen2.5-32B on 32 x 64 GB at 4 x 8; with float32 gradients (the default) the update's two
     gradient-sized temporaries keep both out, as they keep every float32 layout of 32B out."""
     plan = plan_7b(model_7b, "generate_config.backend=native", *BF16_STATE)

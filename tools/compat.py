@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The MindSpore / MindFormers pairs mindgrpo works with: the table the README quotes ("tested with") and
+"""The MindSpore / MindFormers pairs mindgrpo works with: the table docs/versions.md quotes ("Tested with") and
 `setup.py`'s version range follow, and `mindgrpo doctor` reads (mindgrpo/compat.json).
 
     python tools/compat.py [--pairs 2.10.0:1.9.0:nodeps 2.9.0:1.9.0 2.7.2:1.8.0] [--out output/compat]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The embedded demo over several seeds: the figures the README quotes for it, from one command.
+"""The embedded demo over several seeds: the figures docs/demo.md quotes for it, from one command.
 
     python tools/demo_seeds.py [--seeds 0 1 2 3 4] [--configs grpo nolearn length dapo] [--out output/demo_seeds]
 
@@ -17,7 +17,7 @@ the warm-started demo model is the same), one after the other:
     notools   the same model, budget and problems without the tool (`rl_config.tools=[]`)
 
 The sampled accuracy is `grpo/rewards/accuracy_reward`, that of a step's (first round of) completions. It prints,
-per config, the mean over the seeds of every 10 steps and of the whole run (the README's DAPO table), each seed's
+per config, the mean over the seeds of every 10 steps and of the whole run (docs/recipes.md's DAPO table), each seed's
 rise (the mean of the last 20 steps minus that of the first 20) and its wall time; and the held-out accuracy: greedy
 pass@1 of the run's final checkpoint on the demo's 200 test problems (`mindgrpo eval`, 16 new tokens; the tool demo's
 own 200, 64 tokens, with the run's tools), against the warm-started model's (the figure tests/test_demo_learns.py
