@@ -60,6 +60,12 @@ class Qwen2Spec:
     vision_start_token_id: Optional[int] = None
     spatial_merge_size: Optional[int] = None
 
+    @property
+    def is_vl(self) -> bool:
+        """Qwen2.5-VL's language model (``model_type`` in :data:`VL_MODEL_TYPES`, the one place that decides): M-RoPE
+        positions and image tokens, and a vision tower beside it in the folder."""
+        return bool(self.mrope_section)
+
 
 def read_hf_config(model_dir: PathLike) -> dict:
     """Load ``<model_dir>/config.json`` and check that it describes a Qwen2 model we can build.

@@ -8,8 +8,8 @@ import pytest
 import mindgrpo  # noqa: F401  (before mindspore)
 from mindspore import Tensor
 
-from mindgrpo.models import (build_model, export_hf, load_hf_weights, load_state_dict_hf, read_hf_config,
-                             state_dict_hf)
+from mindgrpo.models import (build_model, export_hf, hf_parameters, load_hf_weights, load_state_dict_hf,
+                             read_hf_config, state_dict_hf)
 from mindgrpo.models import export as export_module
 from mindgrpo.models.export import export_hf_arrays, parse_size, plan_shards
 from mindgrpo.models.safetensors_io import SafetensorsError, SafetensorsReader, write_safetensors
@@ -253,7 +253,7 @@ def _vl_logits(folder, ref):
 def _vl_model(vl_dir):
     from mindgrpo.models.scoring import SequenceScorer
 
-    return SequenceScorer(vl_dir)  # the language model (.model) and vision tower (.vision_tower) of the folder
+    return SequenceScorer(vl_dir)  # the folder's model (.model), which holds its vision tower (.model.vision)
 
 
 @pytest.mark.parametrize("spelling", ["config.json", "config_hub_style.json"])
@@ -270,8 +270,7 @@ def test_vl_export_loads_in_transformers_with_same_logits(tmp_path, spelling):
     real = ref["attention_mask"].astype(bool)
     scorer = _vl_model(vl_dir)
     config = json.loads((vl_dir / spelling).read_text())
-    out = export_hf(scorer.model, tmp_path / "vl", hf_config=config, tokenizer_dir=vl_dir,
-                    vision_tower=scorer.vision_tower)
+    out = export_hf(scorer.model, tmp_path / "vl", hf_config=config, tokenizer_dir=vl_dir)
 
     assert {p.name for p in out.iterdir()} == {
         "config.json", "model.safetensors", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
@@ -309,10 +308,10 @@ def test_vl_export_writes_the_live_weights_and_refuses_a_missing_tower(tmp_path)
     rng = np.random.default_rng(2)
     load_state_dict_hf(scorer.model, {k: v + rng.normal(0, 0.02, v.shape)
                                       for k, v in state_dict_hf(scorer.model).items()})
-    for param in vision_parameters(scorer.vision_tower).values():
+    for param in vision_parameters(scorer.model.vision.tower).values():
         value = host_array(param)
         param.set_data(Tensor(value + rng.normal(0, 0.02, value.shape).astype(np.float32)))
-    out = export_hf(scorer.model, tmp_path / "changed", hf_config=config, vision_tower=scorer.vision_tower)
+    out = export_hf(scorer.model, tmp_path / "changed", hf_config=config)
 
     logits = _vl_logits(out, ref)
     top = logits.max(-1, keepdims=True)
@@ -324,13 +323,15 @@ def test_vl_export_writes_the_live_weights_and_refuses_a_missing_tower(tmp_path)
     assert np.abs(theirs - ours)[real].max() <= 1e-4
     assert np.abs(theirs - ref["token_logprobs"])[real].max() > 1e-2
 
-    with pytest.raises(ValueError, match="Qwen2.5-VL model but there are no vision tower weights: pass vision_tower="):
-        export_hf(scorer.model, tmp_path / "bad", hf_config=config)
+    with pytest.raises(ValueError, match="Qwen2.5-VL model but there are no vision tower weights: export a model "
+                                         "built with its tower"):
+        export_hf(build_model(vl_dir, vision=False), tmp_path / "bad", hf_config=config)
     with pytest.raises(ValueError, match="vision_config does not describe this vision tower: it says depth=3"):
         export_hf(scorer.model, tmp_path / "bad", hf_config={**config, "vision_config": {
-            **config["vision_config"], "depth": 3, "fullatt_block_indexes": [1]}}, vision_tower=scorer.vision_tower)
+            **config["vision_config"], "depth": 3, "fullatt_block_indexes": [1]}})
     text_dir = generated_fixture("tiny-qwen2.5")
-    text_model = build_model(text_dir)
+    text_shapes = {name: tuple(p.shape) for name, p in hf_parameters(build_model(text_dir)).items()}
     with pytest.raises(ValueError, match="describes a text model .model_type='qwen2'. but the weights hold a vision"):
-        export_hf(text_model, tmp_path / "bad", hf_config=read_hf_config(text_dir), vision_tower=scorer.vision_tower)
+        export_hf_arrays(tmp_path / "bad", {**text_shapes, "visual.patch_embed.proj.weight": (8, 3, 2, 14, 14)},
+                         lambda name: None, hf_config=read_hf_config(text_dir))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["changed"]

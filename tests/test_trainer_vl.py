@@ -54,10 +54,10 @@ def vl_run(tmp_path_factory, geo3k_prompts, vl_dir):
 
     out = tmp_path_factory.mktemp("vl_run")
     trainer = GRPOTrainer(make_config(out, geo3k_prompts, vl_dir))
-    tower = {name: p.asnumpy().copy() for name, p in trainer.worker.vision.tower.parameters_and_names()}
+    tower = {name: p.asnumpy().copy() for name, p in trainer.worker.actor.vision.tower.parameters_and_names()}
     trainer.precompile()
     graphs = trainer.worker.compiled_graphs()
-    embedded = trainer.worker.vision.prompts_embedded
+    embedded = trainer.worker.actor.vision.prompts_embedded
     steps, after = [], []
     for _ in range(2):
         steps.append(trainer.train_step())
@@ -73,7 +73,7 @@ def test_vl_steps_compile_nothing_after_precompile_and_embed_each_prompt_once(vl
     # update; the rollout (image prefill and decode), the vision tower and the forwards were all precompiled
     assert vl_run["after"] == [vl_run["graphs"] + 2] * 2, "a VL step compiled a graph after precompile"
     # 2 steps x 2 prompts: the tower ran once per prompt per step, not once per completion or per forward
-    assert trainer.worker.vision.prompts_embedded - vl_run["embedded"] == 2 * 2
+    assert trainer.worker.actor.vision.prompts_embedded - vl_run["embedded"] == 2 * 2
     rollouts = trainer.last_rollouts
     assert rollouts.vision is not None and rollouts.vision.positions.shape[1:] == rollouts.prompt_ids.shape
     for step in vl_run["steps"]:
@@ -83,7 +83,7 @@ def test_vl_steps_compile_nothing_after_precompile_and_embed_each_prompt_once(vl
 
 def test_vl_tower_is_frozen_and_out_of_the_optimizer(vl_run):
     trainer = vl_run["trainer"]
-    tower = trainer.worker.vision.tower
+    tower = trainer.worker.actor.vision.tower
     assert not any(p.requires_grad for p in tower.get_parameters())
     optimized = {id(p) for p in trainer.worker.params}
     assert not optimized & {id(p) for p in tower.get_parameters()}
@@ -191,4 +191,4 @@ def test_vl_with_dynamic_sampling_and_two_steps_per_generation(tmp_path, geo3k_p
         assert np.abs(generation.old_logp[step] - part.sampling_logp)[real].max() < 1e-4
     second = trainer.train_step()
     assert first["grpo/generation_batches"] >= 1 and np.isfinite(second["actor/loss"])
-    assert trainer.worker.vision.prompts_embedded == 4 * first["grpo/generation_batches"]
+    assert trainer.worker.actor.vision.prompts_embedded == 4 * first["grpo/generation_batches"]

@@ -82,7 +82,6 @@ def child(args) -> dict:
     from mindgrpo.models.lora import LoraSpec
     from mindgrpo.rollout.api import SamplingParams
     from mindgrpo.rollout.backends.native import NativeRolloutEngine
-    from mindgrpo.rollout.backends.native_graphs import Qwen2Weights
 
     ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
     folder = model_folder(args.size)
@@ -112,7 +111,7 @@ def child(args) -> dict:
                   max_batch_size=args.prompts * args.generations)
     engines = {"unmerged": NativeRolloutEngine(actor, **kwargs), "merged": NativeRolloutEngine(merged, **kwargs)}
     # the merged variant's graphs: the backbone's products alone, over W + s B A (buckets are built on first use)
-    engines["merged"].weights = Qwen2Weights(merged, adapters=False)
+    engines["merged"].weights = merged.decoder_weights(adapters=False)
     engines["merged"].spec = engines["merged"].weights.spec
     prompts = rng.integers(0, min(4000, hf["vocab_size"]), (args.prompts, args.prompt_length)).tolist()
     params = SamplingParams(max_tokens=args.new_tokens, min_tokens=args.new_tokens, temperature=1.0,

@@ -86,7 +86,7 @@ def child(kind: str, model_dir: str, dataset: str, out: str, steps: int) -> None
     trainer = GRPOTrainer(cfg)
     trainer.precompile()
     rows = [trainer.train_step() for _ in range(steps)]
-    vision = trainer.worker.vision
+    vision = trainer.worker.actor.vision
     result = {"seconds_per_step": float(np.mean([r["timing/all"] for r in rows[1:]])),
               "vision_seconds_per_step": float(np.mean([r["timing/vision"] for r in rows[1:]])),
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

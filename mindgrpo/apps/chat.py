@@ -60,8 +60,7 @@ class ChatSession:
         self.engine = build_rollout_engine("native", self.model, eos_token_id=self.tokenizer.stop_token_ids,
                                            pad_token_id=self.tokenizer.pad_token_id,
                                            max_prompt_length=self.max_prompt_length, max_batch_size=1)
-        self.vision = _Vision(self.resolved.weights_dir, self.model.spec) \
-            if self.model.spec.image_token_id is not None else None
+        self.vision = _Vision(self.resolved.weights_dir, self.model.vision) if self.model.is_vl else None
         self.system = system
         self.messages: List[Dict[str, Any]] = []
         self.images: List[Any] = []  # the conversation's pictures, in order (PIL images)
@@ -135,15 +134,11 @@ class _Vision:
     """A Qwen2.5-VL model's pictures in a chat: its processor settings and frozen tower, and the VL chat template
     with each picture's `<|image_pad|>` expanded to one token per merged patch (what Qwen2_5_VLProcessor does)."""
 
-    def __init__(self, model_dir: Path, spec: Any):
+    def __init__(self, model_dir: Path, prompt_vision: Any):
         from mindgrpo.data.images import ImageProcessorConfig
-        from mindgrpo.models.vision import build_vision_tower
-        from mindgrpo.train.prompt_images import PromptVision
 
         self.config = ImageProcessorConfig.from_pretrained(model_dir)
-        self.prompt_vision = PromptVision(build_vision_tower(model_dir), image_token_id=spec.image_token_id,
-                                          vision_start_token_id=spec.vision_start_token_id,
-                                          spatial_merge_size=spec.spatial_merge_size, hidden_size=spec.hidden_size)
+        self.prompt_vision = prompt_vision  # the model's own frozen tower (Qwen2Model.vision)
         self.embedded: List[Tuple[Any, Any]] = []  # (picture, its PromptImages) of the conversation so far, in order
 
     def prompt_ids(self, tokenizer: Any, messages: List[Dict[str, Any]], images: List[Any]) -> List[int]:
@@ -167,7 +162,7 @@ class _Vision:
         drops its features."""
         import numpy as np
 
-        from mindgrpo.rollout.api import PromptImages
+        from mindgrpo.models.prompt_images import PromptImages
 
         same = 0
         while same < min(len(self.embedded), len(images)) and self.embedded[same][0] is images[same]:
@@ -180,7 +175,8 @@ class _Vision:
                             np.concatenate([f.image_grid_thw for f in features]))
 
     def _embed(self, image: Any):
-        """One picture's merged features and grid (:class:`~mindgrpo.rollout.api.PromptImages` of one image)."""
+        """One picture's merged features and grid (:class:`~mindgrpo.models.prompt_images.PromptImages` of one
+        image)."""
         from mindgrpo.data.dataset import PromptImagePixels
         from mindgrpo.data.images import preprocess_images
 

@@ -18,11 +18,15 @@ module                                           what it is, and when it runs
                                                  backend's ``generate``, on a copy of the actor's weights.
 ===============================================  ===================================================================
 
-Qwen2.5-VL adds to the same math, not another copy: :mod:`~mindgrpo.models.vision` (the vision tower),
-:mod:`~mindgrpo.models.mrope` (its three-row positions, on the host), :mod:`~mindgrpo.models.image_tokens` (image
+Qwen2.5-VL is the same model type, not another copy: a ``Qwen2Model`` built from a Qwen2.5-VL folder says so
+(``is_vl``) and holds its frozen vision tower (``vision``, :mod:`~mindgrpo.models.prompt_images`: each prompt's
+images through :mod:`~mindgrpo.models.vision` once, and what the forwards read of them), with
+:mod:`~mindgrpo.models.mrope` (the three-row positions, on the host), :mod:`~mindgrpo.models.image_tokens` (image
 features in place of ``<|image_pad|>``) and :mod:`~mindgrpo.models.full_sequence` (checked against transformers'
-logits). The native rollout engine and the shared-prompt and packed forwards take their outputs;
-:mod:`mindgrpo.train.prompt_images` runs the tower in training.
+logits). The native rollout engine and the shared-prompt and packed forwards take their outputs.
+
+The passes' interface is :class:`~mindgrpo.models.passes.ModelPass`. Inside the package the imports run one way:
+the model (:mod:`~mindgrpo.models.qwen2`) imports its passes, the passes the blocks, the blocks nothing of the model.
 
 Every MindFormers import in mindgrpo is in :mod:`~mindgrpo.models.causal_lm` or reaches it through this package,
 and goes through :func:`mindgrpo._lean_import.lean_mindformers_import` (without the packages MindFormers loads only

@@ -56,7 +56,7 @@ def build_mindformers_model(model_dir: PathLike, *, compute_dtype: str = "float3
     random init, and :func:`mindgrpo.models.weights.sync_weights` copies a :class:`~mindgrpo.models.qwen2.Qwen2Model`'s
     weights in by name."""
     spec = qwen2_spec(read_hf_config(model_dir), source=str(Path(model_dir) / "config.json"))
-    if spec.mrope_section:
+    if spec.is_vl:
         raise ValueError(f"{model_dir} is a Qwen2.5-VL model: MindFormers' generate has no vision tower; use the "
                          "native rollout engine")
     config = llama_config(spec, compute_dtype=compute_dtype, param_dtype=compute_dtype, seq_length=seq_length)

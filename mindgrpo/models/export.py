@@ -9,7 +9,7 @@ model behind.
 
 A Qwen2.5-VL model (its config.json says ``qwen2_5_vl``; either spelling of that config) is written in the hub layout
 every transformers version reads: the language model under ``model.*`` / ``lm_head.weight``, as for Qwen2, and the
-vision tower (``export_hf(..., vision_tower=)``) under ``visual.*``.
+vision tower the model holds (``Qwen2Model.vision``) under ``visual.*``.
 
 The weights go to one ``model.safetensors`` when they fit ``max_shard_size``, else to shards
 ``model-00001-of-0000N.safetensors`` plus ``model.safetensors.index.json`` (``{"metadata": {"total_size": bytes},
@@ -116,7 +116,7 @@ def _check_fits(shapes: Mapping[str, Sequence[int]], hf_config: Mapping) -> None
                          f"tie_word_embeddings={spec.tie_word_embeddings}; the model has embeddings {embed}, "
                          f"{layers} layers, tied={tied}. Pass the config.json the model was built from")
     vision = [name for name in shapes if name.startswith(VISION_PREFIXES)]
-    if not spec.mrope_section:
+    if not spec.is_vl:
         if vision:
             raise ValueError(f"hf_config describes a text model (model_type={hf_config.get('model_type')!r}) but the "
                              f"weights hold a vision tower ({vision[0]}, ...); pass the Qwen2.5-VL config.json")
@@ -130,8 +130,8 @@ def _check_vision_fits(shapes: Mapping[str, Tuple[int, ...]], hf_config: Mapping
     vision = vision_spec(hf_config, source="hf_config")
     names = [name for name in shapes if name.startswith(VISION_PREFIXES)]
     if not names:
-        raise ValueError("hf_config describes a Qwen2.5-VL model but there are no vision tower weights: pass "
-                         "vision_tower= (mindgrpo.models.vision.build_vision_tower) to export_hf")
+        raise ValueError("hf_config describes a Qwen2.5-VL model but there are no vision tower weights: export a "
+                         "model built with its tower (build_model's vision=True)")
     misplaced = [name for name in names if not name.startswith(VISION_PREFIX)]
     if misplaced:
         raise ValueError(f"vision weights must be named {VISION_PREFIX}* (the hub layout, beside model.* and "
@@ -151,21 +151,19 @@ def _check_vision_fits(shapes: Mapping[str, Tuple[int, ...]], hf_config: Mapping
 
 def export_hf(model: ms.nn.Cell, out_dir: PathLike, *, hf_config: Mapping, tokenizer_dir: Optional[PathLike] = None,
               generation_config: Optional[Mapping] = None, dtype: str = "float32", overwrite: bool = False,
-              max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE,
-              vision_tower: Optional[ms.nn.Cell] = None) -> Path:
-    """Write ``model`` (whose Parameters hold full tensors) as a Hugging Face folder at ``out_dir`` (atomically)
-    and return its path.
+              max_shard_size: Union[int, str] = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write ``model`` (a :class:`~mindgrpo.models.qwen2.Qwen2Model` whose Parameters hold full tensors) as a
+    Hugging Face folder at ``out_dir`` (atomically) and return its path.
 
     ``hf_config`` is the source ``config.json`` dict (``read_hf_config``); ``dtype`` (float32/bfloat16/float16) is
     the storage type of the weights; ``max_shard_size`` (bytes, or a string like ``"5GB"``) is the largest
     safetensors file before the weights are split into shards. ``overwrite=True`` replaces an existing folder,
-    else that is an error. ``vision_tower`` (a Qwen2.5-VL model's
-    :class:`~mindgrpo.models.vision.Qwen2_5VisionTower`) is required when ``hf_config`` is a Qwen2.5-VL config and
-    refused otherwise; its weights are written after the language model's, as ``visual.*``.
+    else that is an error. The vision tower a Qwen2.5-VL model holds (``model.vision``) is written after the
+    language model, as ``visual.*``; a Qwen2.5-VL ``hf_config`` needs it, a text one refuses it.
     """
     params = hf_parameters(model)
-    if vision_tower is not None:
-        params.update({VISION_PREFIX + name: param for name, param in vision_parameters(vision_tower).items()})
+    if model.vision is not None:
+        params.update({VISION_PREFIX + name: param for name, param in vision_parameters(model.vision.tower).items()})
     return export_hf_arrays(out_dir, {name: tuple(p.shape) for name, p in params.items()},
                             lambda name: host_array(params[name]), hf_config=hf_config, tokenizer_dir=tokenizer_dir,
                             generation_config=generation_config, dtype=dtype, overwrite=overwrite,

@@ -14,8 +14,7 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from mindgrpo.models.image_tokens import merge_image_features
-from mindgrpo.models.qwen2 import Qwen2Model
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks
 
 
 class FullSequenceForward(Qwen2Blocks):
@@ -32,8 +31,8 @@ class FullSequenceForward(Qwen2Blocks):
     Logits at padding positions are finite but meaningless (their queries see no real key).
     """
 
-    def __init__(self, model: Qwen2Model, max_positions: int, adapters: bool = True):
-        super().__init__(Qwen2Weights(model, adapters), max_positions, ParameterTuple(()))
+    def __init__(self, model: nn.Cell, max_positions: int, adapters: bool = True):
+        super().__init__(model.decoder_weights(adapters), max_positions, ParameterTuple(()))
 
     def construct(self, input_ids, attention_mask, position_ids=None, image_features=None, image_rows=None):
         b, s = input_ids.shape
@@ -70,7 +69,7 @@ class CompletionForward(FullSequenceForward):
     INPUTS = ("input_ids", "attention_mask", "completion_ids")
     """The names of the inputs, for :mod:`mindgrpo.train.step_batch`."""
 
-    def __init__(self, model: Qwen2Model, max_positions: int, adapters: bool = True, head_outside: bool = False):
+    def __init__(self, model: nn.Cell, max_positions: int, adapters: bool = True, head_outside: bool = False):
         super().__init__(model, max_positions, adapters)
         self.head_outside = head_outside
 

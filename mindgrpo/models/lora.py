@@ -248,7 +248,7 @@ def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathL
     by default the base's stored dtype), which transformers loads without PEFT. One tensor at a time: the merge
     holds no second model. Text models (a Qwen2.5-VL base's vision tower is not carried over: load the adapter
     with PEFT instead)."""
-    from mindgrpo.hf_config import read_hf_config
+    from mindgrpo.hf_config import qwen2_spec, read_hf_config
     from mindgrpo.models.export import export_hf_arrays
     from mindgrpo.models.safetensors_io import SafetensorsReader
     from mindgrpo.models.weights import checkpoint_files
@@ -256,7 +256,7 @@ def merge_peft(adapter_dir: PathLike, out_dir: PathLike, *, base: Optional[PathL
     base_dir = adapter_base(adapter_dir, base)
     spec = read_peft_spec(adapter_dir)
     hf_config = read_hf_config(base_dir)
-    if "vision_config" in hf_config:
+    if qwen2_spec(hf_config).is_vl:
         raise ValueError(f"{base_dir} is a Qwen2.5-VL model: merging its adapters is not supported; load "
                          f"{adapter_dir} onto it with peft.PeftModel.from_pretrained")
     files = checkpoint_files(base_dir)

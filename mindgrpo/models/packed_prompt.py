@@ -22,7 +22,8 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
+from mindgrpo.models.attention_bias import mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, reused_layer
 from mindgrpo.models.shared_prompt import PromptBlocks
 
 
@@ -41,7 +42,7 @@ class PackedPromptForward(PromptBlocks):
 
     def __init__(self, model: nn.Cell, max_positions: int, recompute: bool = False, adapters: bool = True,
                  head_outside: bool = False):
-        weights = Qwen2Weights(model, adapters)
+        weights = model.decoder_weights(adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
         self.head_outside = head_outside
         self.layers = nn.CellList([PackedPromptLayer(weights.layer(i)) for i in range(self.num_layers)],

@@ -27,8 +27,15 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn
 
 from mindgrpo.hf_config import Qwen2Spec, check_dtype, qwen2_spec, read_hf_config, weight_shapes
+from mindgrpo.models.full_sequence import CompletionForward, FullSequenceForward
 from mindgrpo.models.lora import (LoraSpec, adapter_shapes, attach_adapters, init_adapters, load_peft,
                                   read_peft_spec)
+from mindgrpo.models.packed_prompt import PackedPromptForward
+from mindgrpo.models.passes import ModelPass
+from mindgrpo.models.prompt_images import PromptVision
+from mindgrpo.models.qwen2_blocks import DecoderSpec, Qwen2Weights, layer_fields
+from mindgrpo.models.shared_prompt import SharedPromptForward
+from mindgrpo.models.vision import Qwen2_5VisionTower, load_vision_weights, vision_spec
 from mindgrpo.models.weights import hf_parameters, load_hf_weights
 from mindgrpo.parallel.layout import TPLayout
 
@@ -121,17 +128,26 @@ class Qwen2Model(nn.Cell):
       frozen: an actor's adapters (float32, on the targeted weight Cells as ``lora_a``/``lora_b``) are its only
       trainable Parameters, and every pass can run with them (the policy) or without (the reference);
       ``adapter_shapes`` their full shapes by PEFT name (empty without LoRA).
+    * ``vision``: a Qwen2.5-VL model's frozen vision tower with its language model's image token ids
+      (:class:`~mindgrpo.models.prompt_images.PromptVision`), or None: a text model, or a Qwen2.5-VL reference,
+      which reads its actor's image features. ``is_vl`` says which kind of model it is (its spec decides).
 
     The Parameters start as zeros (calloc'd: untouched pages cost no memory), to be filled by
     :func:`mindgrpo.models.weights.load_hf_weights` or :meth:`init_random`.
     """
 
     def __init__(self, spec: Qwen2Spec, hf_config: Mapping, layout: TPLayout, group: str = "", *, role: str,
-                 compute_dtype: str, param_dtype: str, lora: Optional[LoraSpec] = None):
+                 compute_dtype: str, param_dtype: str, lora: Optional[LoraSpec] = None,
+                 vision_tower: Optional[Qwen2_5VisionTower] = None):
         super().__init__()
         if role not in ROLES:
             raise ValueError(f"role={role!r}: expected one of {', '.join(ROLES)}")
+        if vision_tower is not None and not spec.is_vl:
+            raise ValueError("a vision tower needs a Qwen2.5-VL model; this config.json describes a text model")
         self.lora = lora
+        # a plain attribute, not a sub-Cell: the tower's Parameters are no part of the language model's (its
+        # trainable_params, its HF names, its exports and syncs)
+        self.vision = None if vision_tower is None else PromptVision(vision_tower, spec)
         self.spec, self.hf_config, self.layout, self.group, self.role = spec, dict(hf_config), layout, group, role
         self.full_shapes = weight_shapes(spec)
         self.adapter_shapes = (adapter_shapes(lora, self.full_shapes, spec.num_hidden_layers) if lora is not None
@@ -163,9 +179,17 @@ class Qwen2Model(nn.Cell):
                 param.requires_grad = False
             self.set_train(False)
 
+    @property
+    def is_vl(self) -> bool:
+        """A Qwen2.5-VL language model (M-RoPE, image tokens), with or without its own tower (``vision``)."""
+        return self.spec.is_vl
+
     def load_weights(self, model_dir: PathLike) -> None:
-        """This rank's slices of a Hugging Face folder's weights, strictly (every name and shape must match)."""
+        """This rank's slices of a Hugging Face folder's weights, strictly (every name and shape must match), and
+        its vision tower's when it holds one."""
         load_hf_weights(self, model_dir, self.layout)
+        if self.vision is not None:
+            load_vision_weights(self.vision.tower, model_dir)
 
     def init_random(self, seed: int = 0) -> None:
         """Random weights as Qwen2 initialises them (tests, benchmarks), drawn at full shape and sliced, so every
@@ -188,48 +212,67 @@ class Qwen2Model(nn.Cell):
         """The adapters from a PEFT folder (:func:`mindgrpo.models.lora.load_peft`, strict)."""
         load_peft(self, adapter_dir)
 
-    # ---------------------------------------------------------------------------------------------- passes
-    # Each pass module imports this one (its Cells read a Qwen2Model), so they are imported when a pass is built.
-    # ``adapters``: with LoRA, False runs the frozen backbone alone (the reference policy); no effect without LoRA.
-    def full_sequence(self, max_positions: int, adapters: bool = True) -> nn.Cell:
-        """Every position of padded rows: ``(input_ids, attention_mask, position_ids=None, image_features=None,
-        image_rows=None)`` -> float32 logits ``[B, S, V]`` (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`)."""
-        from mindgrpo.models.full_sequence import FullSequenceForward
+    def decoder_weights(self, adapters: bool = True) -> Qwen2Weights:
+        """This rank's Parameters (the very objects: no copy) in the order the decoder graphs index them, with the
+        decoder's spec: what every pass and the native rollout engine's graphs run on. With ``adapters`` (and LoRA)
+        each layer's adapters follow its backbone weights; without them the graphs are the backbone's."""
+        spec, body = self.spec, self.model
+        lora = self.lora if adapters else None
+        decoder = DecoderSpec(
+            vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, num_layers=spec.num_hidden_layers,
+            num_heads=spec.num_attention_heads, num_kv_heads=spec.num_key_value_heads, head_dim=spec.head_dim,
+            rms_norm_eps=spec.rms_norm_eps, rope_theta=spec.rope_theta, qkv_bias=True, tp_layout=self.layout,
+            tp_group=self.group, mrope_section=tuple(spec.mrope_section),
+            lora_fields=lora.weight_fields if lora else (), lora_scale=lora.scale if lora else 0.0)
+        params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, self.lm_head.weight]
+        for layer in body.layers:
+            attn, ffn = layer.attention, layer.feed_forward
+            by_field = {"attention_norm": layer.attention_norm.weight, "wq": attn.wq.weight, "bq": attn.wq.bias,
+                        "wk": attn.wk.weight, "bk": attn.wk.bias, "wv": attn.wv.weight, "bv": attn.wv.bias,
+                        "wo": attn.wo.weight, "ffn_norm": layer.ffn_norm.weight, "w1": ffn.w1.weight,
+                        "w2": ffn.w2.weight, "w3": ffn.w3.weight}
+            cells = {"wq": attn.wq, "wk": attn.wk, "wv": attn.wv, "wo": attn.wo, "w1": ffn.w1, "w2": ffn.w2,
+                     "w3": ffn.w3}
+            for field in decoder.lora_fields:
+                by_field[f"{field}.lora_a"], by_field[f"{field}.lora_b"] = cells[field].lora_a, cells[field].lora_b
+            params += [by_field[name] for name in layer_fields(decoder.qkv_bias, decoder.lora_fields)]
+        return Qwen2Weights(decoder, params, self.compute_dtype)
 
+    # ---------------------------------------------------------------------------------------------- passes
+    # ``adapters``: with LoRA, False runs the frozen backbone alone (the reference policy); no effect without LoRA.
+    def full_sequence(self, max_positions: int, adapters: bool = True) -> FullSequenceForward:
+        """Every position of padded rows: ``(input_ids, attention_mask, position_ids=None, image_features=None,
+        image_rows=None)`` -> float32 logits ``[B, S, V]``
+        (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`)."""
         return FullSequenceForward(self, max_positions, adapters)
 
-    # ``head_outside``: the pass returns the normed final states and the head weight instead of the logits, for a
-    # caller that applies the head itself (mindgrpo.ops.head_logprobs).
-    def completions(self, max_positions: int, adapters: bool = True, head_outside: bool = False) -> nn.Cell:
+    # The training-side passes (:class:`~mindgrpo.models.passes.ModelPass`). ``head_outside``: the pass returns the
+    # normed final states and the head weight instead of the logits, for a caller that applies the head itself
+    # (mindgrpo.ops.head_logprobs).
+    def completions(self, max_positions: int, adapters: bool = True, head_outside: bool = False) -> ModelPass:
         """``[prompt | completion]`` rows: ``(input_ids, attention_mask, completion_ids)`` -> the completions' logits
         (:class:`~mindgrpo.models.full_sequence.CompletionForward`)."""
-        from mindgrpo.models.full_sequence import CompletionForward
-
         return CompletionForward(self, max_positions, adapters, head_outside=head_outside)
 
     def shared_prompt(self, num_generations: int, max_positions: int, recompute: bool = False,
-                      adapters: bool = True, head_outside: bool = False) -> nn.Cell:
+                      adapters: bool = True, head_outside: bool = False) -> ModelPass:
         """Each group's prompt once, its completions attending to it
         (:class:`~mindgrpo.models.shared_prompt.SharedPromptForward`)."""
-        from mindgrpo.models.shared_prompt import SharedPromptForward
-
         return SharedPromptForward(self, num_generations, max_positions, recompute=recompute, adapters=adapters,
                                    head_outside=head_outside)
 
     def packed(self, max_positions: int, recompute: bool = False, adapters: bool = True,
-               head_outside: bool = False) -> nn.Cell:
+               head_outside: bool = False) -> ModelPass:
         """Several groups' prompts and completions packed into fixed rows
         (:class:`~mindgrpo.models.packed_prompt.PackedPromptForward`)."""
-        from mindgrpo.models.packed_prompt import PackedPromptForward
-
         return PackedPromptForward(self, max_positions, recompute=recompute, adapters=adapters,
                                    head_outside=head_outside)
 
 
 def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str = "float32",
                 param_dtype: str | None = None, load_weights: bool = True, tp_rank: int = 0, tp_size: int = 1,
-                tp_group: str = "", lora: Optional[LoraSpec] = None, adapter_dir: PathLike | None = None
-                ) -> Qwen2Model:
+                tp_group: str = "", lora: Optional[LoraSpec] = None, adapter_dir: PathLike | None = None,
+                vision: bool = True) -> Qwen2Model:
     """A :class:`Qwen2Model` from a Hugging Face folder (``config.json`` + safetensors, single or sharded).
 
     Roles: ``actor`` is trainable; ``reference`` and ``inference`` are frozen (no trainable Parameters, no
@@ -246,6 +289,10 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     ``lora``: LoRA adapters on a frozen backbone (an actor trains them; the other roles run them), read from
     ``adapter_dir`` (a PEFT folder, whose own spec is used when ``lora`` is not given) or, without one, initialised
     as PEFT does (B = 0).
+
+    A Qwen2.5-VL folder's model holds its frozen vision tower (in ``compute_dtype``, the folder's weights; left at
+    MindSpore's initialisation with ``load_weights=False``); ``vision=False`` leaves it out (a reference model,
+    which reads its actor's image features).
     """
     check_dtype("compute_dtype", compute_dtype)
     if param_dtype is None:
@@ -256,8 +303,10 @@ def build_model(model_dir: PathLike, *, role: str = "actor", compute_dtype: str 
     spec = qwen2_spec(hf_config, source=str(Path(model_dir) / "config.json"))
     layout = TPLayout.of(spec, tp_size, tp_rank)
     layout.validate()
+    tower = (Qwen2_5VisionTower(vision_spec(hf_config, source=str(Path(model_dir) / "config.json")), compute_dtype)
+             if vision and spec.is_vl else None)
     model = Qwen2Model(spec, hf_config, layout, tp_group, role=role, compute_dtype=compute_dtype,
-                       param_dtype=param_dtype, lora=lora)
+                       param_dtype=param_dtype, lora=lora, vision_tower=tower)
     if load_weights:
         model.load_weights(model_dir)  # each tensor replaces its zeros, one at a time
         if lora is not None and adapter_dir is None:

@@ -1,5 +1,5 @@
 """mindgrpo's Qwen2 decoder math, as MindSpore ops over the Parameters of a
-:class:`~mindgrpo.models.qwen2.Qwen2Model`.
+:class:`~mindgrpo.models.qwen2.Qwen2Model` (:meth:`~mindgrpo.models.qwen2.Qwen2Model.decoder_weights`).
 
 The blocks own no Parameters and no forward of their own. They are the model's passes
 (:meth:`~mindgrpo.models.qwen2.Qwen2Model.full_sequence`, ``completions``, ``shared_prompt``, ``packed``) and the
@@ -14,35 +14,26 @@ with q/k/v bias and query head ``h`` reading KV head ``h // (heads / kv_heads)``
 For Qwen2.5-VL's language model (``DecoderSpec.mrope_section`` set) the blocks also take multimodal RoPE: 3-row
 t/h/w position ids, each row rotating its ``mrope_section`` share of the rotary dims (:meth:`Qwen2Blocks._mrope_rows`,
 as transformers' ``apply_multimodal_rotary_pos_emb``); 1-row positions keep the plain path unchanged.
-Masked attention scores get :data:`MASKED_SCORE` (:func:`mask_bias`).
+Masked attention scores get :data:`~mindgrpo.models.attention_bias.MASKED_SCORE`
+(:func:`~mindgrpo.models.attention_bias.mask_bias`).
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import numpy as np
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from mindgrpo.models.qwen2 import Qwen2Model
+from mindgrpo.models.attention_bias import mask_bias
 from mindgrpo.parallel.layers import TPComm, embed_lookup
 from mindgrpo.parallel.layout import TPLayout
 
-# Added to the scores of masked keys. Finite on purpose: a query with no visible key (a left-pad row) then gets
-# finite garbage instead of NaN, and NaN in a pad row would reach real rows through 0 * NaN in the value product.
-# -1e4 fits float16 and leaves exp(score - 1e4) == 0 in every dtype for realistic scores.
-MASKED_SCORE = -1e4
-
 # Weights in the order the graphs index them: 3 global ones, then each layer's (biases only when present).
 _GLOBAL_FIELDS = ("embedding", "norm_out", "lm_head")
-
-
-def mask_bias(allowed: Tensor) -> Tensor:
-    """The additive attention bias of a float32 may-attend mask (1 = attend): 0 where allowed, else MASKED_SCORE."""
-    return (allowed - 1.0) * (-MASKED_SCORE)
 
 
 def layer_fields(qkv_bias: bool, lora_fields: Tuple[str, ...] = ()) -> Tuple[str, ...]:
@@ -57,7 +48,7 @@ def layer_fields(qkv_bias: bool, lora_fields: Tuple[str, ...] = ()) -> Tuple[str
 
 @dataclass(frozen=True)
 class DecoderSpec:
-    """Shape and numerics of a Qwen2 decoder as the graphs need them, from a :class:`Qwen2Model`."""
+    """Shape and numerics of a Qwen2 decoder as the graphs need them (a Qwen2Model's ``decoder_weights``)."""
     vocab_size: int
     hidden_size: int
     num_layers: int
@@ -103,35 +94,6 @@ class DecoderSpec:
         return self.tp_layout.vocab_start
 
 
-def decoder_weights(model: Qwen2Model, adapters: bool = True) -> Tuple[DecoderSpec, List[Parameter]]:
-    """The decoder's spec and its Parameters (the model's own objects) in graph order; with ``adapters`` (and a
-    LoRA model) each layer's adapters follow its backbone weights, without them the graphs are the backbone's."""
-    if not isinstance(model, Qwen2Model):
-        raise TypeError(f"{type(model).__name__} is not a mindgrpo Qwen2Model: build it with "
-                        "mindgrpo.models.build_model")
-    hf, body = model.spec, model.model
-    lora = model.lora if adapters else None
-    spec = DecoderSpec(
-        vocab_size=hf.vocab_size, hidden_size=hf.hidden_size, num_layers=hf.num_hidden_layers,
-        num_heads=hf.num_attention_heads, num_kv_heads=hf.num_key_value_heads, head_dim=hf.head_dim,
-        rms_norm_eps=hf.rms_norm_eps, rope_theta=hf.rope_theta, qkv_bias=True, tp_layout=model.layout,
-        tp_group=model.group, mrope_section=tuple(hf.mrope_section),
-        lora_fields=lora.weight_fields if lora else (), lora_scale=lora.scale if lora else 0.0)
-    # a tied lm_head is the embedding Parameter itself, so the same object simply appears twice
-    params = [body.tok_embeddings.embedding_weight, body.norm_out.weight, model.lm_head.weight]
-    for layer in body.layers:
-        attn, ffn = layer.attention, layer.feed_forward
-        by_field = {"attention_norm": layer.attention_norm.weight, "wq": attn.wq.weight, "bq": attn.wq.bias,
-                    "wk": attn.wk.weight, "bk": attn.wk.bias, "wv": attn.wv.weight, "bv": attn.wv.bias,
-                    "wo": attn.wo.weight, "ffn_norm": layer.ffn_norm.weight, "w1": ffn.w1.weight,
-                    "w2": ffn.w2.weight, "w3": ffn.w3.weight}
-        cells = {"wq": attn.wq, "wk": attn.wk, "wv": attn.wv, "wo": attn.wo, "w1": ffn.w1, "w2": ffn.w2, "w3": ffn.w3}
-        for field in spec.lora_fields:
-            by_field[f"{field}.lora_a"], by_field[f"{field}.lora_b"] = cells[field].lora_a, cells[field].lora_b
-        params += [by_field[name] for name in layer_fields(spec.qkv_bias, spec.lora_fields)]
-    return spec, params
-
-
 def rope_tables(head_dim: int, theta: float, length: int) -> Tuple[np.ndarray, np.ndarray]:
     """cos/sin tables [length, head_dim] computed exactly as MindFormers' ``FreqsMgr`` does (float32 numpy)."""
     freqs_base = np.arange(0, head_dim, 2)[: (head_dim // 2)].astype(np.float32)
@@ -153,21 +115,22 @@ def mrope_chunks(mrope_section) -> List[Tuple[int, int, int]]:
 
 
 class Qwen2Weights:
-    """The actor's Parameters plus the spec; shared (not copied) by every graph of the engine.
+    """A model's Parameters in graph order (:func:`layer_fields`) plus the spec; shared (not copied) by every graph
+    built on them. A tied lm_head is the embedding Parameter itself, so the same object appears twice in ``params``.
 
-    Matmuls run in the actor's compute dtype; weights stored in another dtype (float32 master weights with a
-    bfloat16 compute dtype on Ascend) are cast inside the graph at every use, the price of not keeping a copy.
+    Matmuls run in ``compute_dtype``; weights stored in another dtype (float32 master weights with a bfloat16
+    compute dtype on Ascend) are cast inside the graph at every use, the price of not keeping a copy.
     """
 
-    def __init__(self, model: Qwen2Model, adapters: bool = True):
-        self.spec, params = decoder_weights(model, adapters)
+    def __init__(self, spec: DecoderSpec, params: Sequence[Parameter], compute_dtype: str):
+        self.spec = spec
         self.params = ParameterTuple(params)
         self.layer_base = len(_GLOBAL_FIELDS)  # index of layer 0's first weight in ``params``
         # A tied lm_head is read through the embedding's index: one Parameter read twice in a graph makes MindSpore
         # copy it (TensorMove), which CPU has no bfloat16 kernel for.
         self.lm_head_index = 0 if params[2] is params[0] else 2
         self.param_dtype = params[0].dtype
-        self.compute_dtype = getattr(ms, model.compute_dtype)
+        self.compute_dtype = getattr(ms, compute_dtype)
         # The dtype the embedding table is gathered in: MindSpore's CPU Gather has no bfloat16 kernel, so there a bf16
         # table is cast to the compute dtype first (a transient copy of the table per forward); Ascend gathers bf16.
         self.table_dtype = (self.compute_dtype if self.param_dtype == ms.bfloat16

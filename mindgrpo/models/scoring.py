@@ -8,8 +8,8 @@ makes to check a model (a fine-tuned export against its base, mindgrpo against t
 put the images in place of the ``<|image_pad|>`` tokens.
 
 It reuses the pieces the trainer is built from, nothing of its own: :func:`~mindgrpo.models.qwen2.build_model`
-(the language model; a Qwen2.5-VL folder's config and weights in either layout),
-:func:`~mindgrpo.models.vision.build_vision_tower`, the full-sequence forward
+(the language model, with a Qwen2.5-VL folder's vision tower; its config and weights in either layout), the
+full-sequence forward
 (:class:`~mindgrpo.models.full_sequence.FullSequenceForward`) with M-RoPE positions from
 :func:`~mindgrpo.models.mrope.get_rope_index` for a Qwen2.5-VL folder (plain ``cumsum(mask) - 1`` for text), and
 the log-softmax of :func:`mindgrpo.algorithm.logprobs.token_logprobs`. The log-softmax runs inside the same graph
@@ -32,10 +32,9 @@ from mindspore import Tensor, nn
 from mindgrpo.algorithm.logprobs import token_logprobs
 from mindgrpo.models.qwen2 import build_model
 from mindgrpo.models.full_sequence import FullSequenceForward
-from mindgrpo.hf_config import check_dtype, qwen2_spec, read_hf_config
+from mindgrpo.hf_config import check_dtype
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import get_rope_index
-from mindgrpo.models.vision import build_vision_tower
 
 PathLike = Union[str, Path]
 MODES = {"graph": ms.GRAPH_MODE, "pynative": ms.PYNATIVE_MODE}
@@ -97,25 +96,23 @@ class SequenceScorer:
     def __init__(self, model_dir: PathLike, *, compute_dtype: str = "float32", adapter_dir: Optional[PathLike] = None):
         check_dtype("compute_dtype", compute_dtype)
         self.model_dir = Path(model_dir)
-        self.hf_config = read_hf_config(model_dir)
-        self.spec = qwen2_spec(self.hf_config, source=str(self.model_dir / "config.json"))
-        self.is_vl = bool(self.spec.mrope_section)
         # a LoRA adapter folder (PEFT's format) on this base: its adapters applied, unmerged
         self.model = build_model(model_dir, role="reference", compute_dtype=compute_dtype, adapter_dir=adapter_dir)
-        self.vision_tower = build_vision_tower(model_dir, dtype=compute_dtype) if self.is_vl else None
+        self.spec = self.model.spec
         self._graphs: Dict[int, _NextTokenLogprobs] = {}  # by RoPE table size
 
     def __call__(self, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
                  mode: str = "graph") -> np.ndarray:
         ids, mask = self._check_tokens(input_ids, attention_mask)
         has_images = pixel_values is not None or image_grid_thw is not None
-        if has_images and not self.is_vl:
-            raise ValueError(f"{self.model_dir} is a text model (model_type={self.hf_config.get('model_type')!r}): "
-                             "it has no vision tower, so pixel_values / image_grid_thw need a Qwen2.5-VL folder")
+        if has_images and not self.model.is_vl:
+            model_type = self.model.hf_config.get("model_type")
+            raise ValueError(f"{self.model_dir} is a text model (model_type={model_type!r}): it has no vision tower, "
+                             "so pixel_values / image_grid_thw need a Qwen2.5-VL folder")
         if has_images and (pixel_values is None or image_grid_thw is None):
             raise ValueError("pixel_values and image_grid_thw come together (both from the image processor); "
                              f"got only {'pixel_values' if image_grid_thw is None else 'image_grid_thw'}")
-        if self.is_vl and not has_images and np.any(ids == self.spec.image_token_id):
+        if self.model.is_vl and not has_images and np.any(ids == self.spec.image_token_id):
             raise ValueError(f"input_ids hold <|image_pad|> tokens ({self.spec.image_token_id}) but no pixel_values "
                              "/ image_grid_thw were given: pass the image processor's outputs for those images")
         positions = self._positions(ids, mask, None if image_grid_thw is None else _host("image_grid_thw",
@@ -127,7 +124,7 @@ class SequenceScorer:
             inputs = [Tensor(ids.astype(np.int32)), Tensor(mask.astype(np.int32)),
                       Tensor(positions.astype(np.int32)), Tensor(targets.astype(np.int32))]
             if has_images:
-                features = self.vision_tower.embed_images(_host("pixel_values", pixel_values),
+                features = self.model.vision.tower.embed_images(_host("pixel_values", pixel_values),
                                                           _host("image_grid_thw", image_grid_thw))
                 rows = image_source_rows(ids, self.spec.image_token_id, features.shape[0])
                 inputs += [features, Tensor(rows)]
@@ -157,7 +154,7 @@ class SequenceScorer:
     def _positions(self, ids: np.ndarray, mask: np.ndarray, image_grid_thw: Optional[np.ndarray]) -> np.ndarray:
         """Position ids as transformers computes them: M-RoPE's three rows for a Qwen2.5-VL folder (with or without
         images), else ``cumsum(mask) - 1`` (0 on padding, which no real token attends to)."""
-        if self.is_vl:
+        if self.model.is_vl:
             positions, _ = get_rope_index(ids, image_grid_thw, mask, image_token_id=self.spec.image_token_id,
                                           vision_start_token_id=self.spec.vision_start_token_id,
                                           spatial_merge_size=self.spec.spatial_merge_size)
@@ -166,7 +163,7 @@ class SequenceScorer:
 
     def _graph(self, table: int) -> _NextTokenLogprobs:
         if table not in self._graphs:
-            self._graphs[table] = _NextTokenLogprobs(FullSequenceForward(self.model, table))
+            self._graphs[table] = _NextTokenLogprobs(self.model.full_sequence(table))
         return self._graphs[table]
 
 

@@ -34,7 +34,8 @@ import mindspore as ms
 from mindspore import ParameterTuple, nn, ops
 
 from mindgrpo.models.image_tokens import merge_image_features
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
+from mindgrpo.models.attention_bias import mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, reused_layer
 
 
 class PromptBlocks(Qwen2Blocks):
@@ -79,7 +80,7 @@ class SharedPromptForward(PromptBlocks):
 
     def __init__(self, model: nn.Cell, num_generations: int, max_positions: int, recompute: bool = False,
                  adapters: bool = True, head_outside: bool = False):
-        weights = Qwen2Weights(model, adapters)
+        weights = model.decoder_weights(adapters)
         super().__init__(weights, max_positions, ParameterTuple(()))
         self.head_outside = head_outside
         self.num_generations = num_generations

@@ -32,8 +32,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.hf_config import CONFIG_FILE, ModelConfigError, check_dtype
-from mindgrpo.models.qwen2_blocks import mask_bias
+from mindgrpo.hf_config import CONFIG_FILE, VL_MODEL_TYPES, ModelConfigError, check_dtype
+from mindgrpo.models.attention_bias import mask_bias
 from mindgrpo.models.safetensors_io import SafetensorsReader
 from mindgrpo.models.weights import VISION_PREFIXES, CheckpointMismatchError, checkpoint_files
 
@@ -41,7 +41,6 @@ PathLike = Union[str, Path]
 
 # The tower's tensors live under weights.VISION_PREFIXES (the hub's `visual.*`, transformers >= 4.52's
 # `model.visual.*`); its own Parameter names are the part after the prefix.
-VL_MODEL_TYPES = ("qwen2_5_vl",)
 _NORM_EPS = 1e-6  # HF hard-codes eps=1e-6 for the vision RMSNorms; it is not in config.json
 _ROPE_THETA = 10000.0  # likewise fixed in Qwen2_5_VisionRotaryEmbedding
 _REQUIRED = ("depth", "hidden_size", "intermediate_size", "num_heads", "out_hidden_size")

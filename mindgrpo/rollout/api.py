@@ -7,6 +7,8 @@ from typing import Callable, List, NamedTuple, Optional, Protocol, Sequence, Tup
 
 import numpy as np
 
+from mindgrpo.models.prompt_images import PromptImages  # what a Qwen2.5-VL prompt's images are to an engine
+
 FINISH_STOP = "stop"      # the sequence emitted an EOS or stop token (kept in the completion, mask 1)
 FINISH_LENGTH = "length"  # the sequence reached max_tokens without one
 
@@ -119,22 +121,6 @@ class TurnHandler(Protocol):
         continues, or None: the completion ends with this turn. Appended tokens are the model's context, never its
         samples: the rollout feeds them as they are (no re-tokenisation of the model's text) and marks them in
         ``RolloutResult.tool_mask``."""
-
-
-@dataclass(frozen=True, eq=False)
-class PromptImages:
-    """The images of one Qwen2.5-VL prompt, as its language model reads them. The caller runs the vision tower once
-    per prompt (``Qwen2_5VisionTower.embed_images``), not once per sample: the engine prefills the prompt once and
-    every one of its ``num_generations`` samples continues that prefill.
-
-    The prompt holds each image as ``<|vision_start|>`` followed by one ``<|image_pad|>`` per merged patch; the
-    engine puts the feature rows in place of those tokens, in order, and computes the M-RoPE positions from
-    ``image_grid_thw`` (:func:`mindgrpo.models.mrope.get_rope_index`). Compared by identity (``eq=False``): a
-    prompt's samples share one object."""
-    features: np.ndarray
-    """float [image tokens, hidden]: the vision tower's merged features of the prompt's images, in their order."""
-    image_grid_thw: np.ndarray
-    """int [images, 3]: each image's (t, h, w) patch grid, as the image processor gives it."""
 
 
 @runtime_checkable

@@ -10,10 +10,10 @@ numpy results and float metrics back, so the orchestration in :mod:`mindgrpo.tra
   or packed rows: :mod:`mindgrpo.train.packing`), reducing them over ranks, clipping by the global norm, AdamW;
 * ``export`` / ``load_weights`` / ``save_optimizer_shard`` / ``load_optimizer``: what a checkpoint holds.
 
-A Qwen2.5-VL actor (its ``config.json`` has a ``vision_config``) adds the frozen vision tower
-(:mod:`mindgrpo.train.prompt_images`): ``embed_images`` runs it once per prompt per step, ``generate`` takes the
-result, ``vision_batch`` makes the step's M-RoPE positions and features, which ride in the ``RolloutBatch`` to
-every forward (actor and reference alike, so the reference holds no tower); checkpoints export it as ``visual.*``.
+A Qwen2.5-VL actor holds its frozen vision tower (``actor.vision``, :mod:`mindgrpo.models.prompt_images`):
+``embed_images`` runs it once per prompt per step, ``generate`` takes the result, ``vision_batch`` makes the step's
+M-RoPE positions and features, which ride in the ``RolloutBatch`` to every forward (actor and reference alike, so
+the reference is built without a tower); checkpoints export it as ``visual.*``.
 """
 from __future__ import annotations
 
@@ -27,12 +27,10 @@ from mindspore import Tensor, nn
 
 from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
-from mindgrpo.hf_config import VL_MODEL_TYPES
 from mindgrpo.models import build_model, export_hf, hf_parameters
-from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.models.export import export_hf_arrays
 from mindgrpo.models.lora import LoraSpec, adapter_parameters, save_peft
-from mindgrpo.models.vision import build_vision_tower, load_vision_weights
+from mindgrpo.models.prompt_images import VisionBatch
 from mindgrpo.models.weights import host_array
 from mindgrpo.parallel.groups import DP, TP, WORLD, DistInfo, all_gather, all_reduce_sum
 from mindgrpo.rollout import PromptImages, SamplingParams, build_rollout_engine
@@ -41,7 +39,6 @@ from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train.optim import AdamW, learning_rate_at
 from mindgrpo.train.optim_state import layout_record, load_resharded, rank_metadata
 from mindgrpo.train.packing import MicroBatch, micro_batches
-from mindgrpo.train.prompt_images import PromptVision, VisionBatch
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.step_batch import step_batch
 from mindgrpo.train.step_graphs import (AccumulateGradients, ApplyGradients, CompletionLogProbs, GRPOLossCell,
@@ -65,18 +62,15 @@ class ModelWorker:
                                  param_dtype=actor_cfg.param_dtype, lora=self.lora, **tp)
         self.hf_config = self.actor.hf_config
         reference_dtype = Derived(config).reference_dtype
+        # a Qwen2.5-VL reference reads the actor's image features: it holds no tower of its own
         self.reference = (build_model(config.ref_load, role="reference", compute_dtype=config.ref_config.compute_dtype,
-                                      param_dtype=reference_dtype, **tp)
+                                      param_dtype=reference_dtype, vision=False, **tp)
                           if reference_dtype else None)
         self.engine = build_rollout_engine(
             config.generate_config.backend, self.actor, eos_token_id=eos_token_id, pad_token_id=pad_token_id,
             max_prompt_length=rl.max_prompt_length, max_batch_size=config.generate_config.infer_model_batch_size,
             **rollout_options(config))
         self.sampling = sampling
-        self.vision = prompt_vision(self.actor, actor_cfg) if self.hf_config.get("model_type") in VL_MODEL_TYPES \
-            else None
-        """The frozen vision tower of a Qwen2.5-VL actor (None for text): not in the optimizer, shared by the
-        reference's forwards."""
         self.params = self.actor.trainable_params()  # with LoRA, the adapters alone
         self._hf_params = hf_parameters(self.actor)  # the same Parameter objects for the run's lifetime
         self._adapters = adapter_parameters(self.actor)  # {PEFT name: Parameter}; empty without LoRA
@@ -134,22 +128,22 @@ class ModelWorker:
         """A batch's images (``PromptBatch.images``) through the vision tower, once per prompt; None for text."""
         if images is None:
             return None
-        if self.vision is None:
+        if self.actor.vision is None:
             raise ValueError(f"the prompts carry images but actor_config.load = {self.config.actor_config.load} is a "
                              "text model; train a Qwen2.5-VL folder on image data, or convert a text dataset")
-        return self.vision.embed(images)
+        return self.actor.vision.embed(images)
 
     def vision_batch(self, prompt_ids: np.ndarray, prompt_mask: np.ndarray,
                      images: Optional[Sequence[Optional[PromptImages]]]) -> Optional[VisionBatch]:
         """The M-RoPE positions and features of a step's left-padded prompts (None for text)."""
-        return None if images is None else self.vision.batch(prompt_ids, prompt_mask, images)
+        return None if images is None else self.actor.vision.batch(prompt_ids, prompt_mask, images)
 
     def dummy_prompts(self, count: int, width: int, with_images: bool):
         """``count`` distinct dummy prompts of ``width`` tokens and, ``with_images`` (a Qwen2.5-VL run on image
         data), their images (else None), to precompile (the rollout engine computes each distinct prompt once, so
         its graph shapes depend on how many there are)."""
         prompts = np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
-        return (prompts, self.vision.dummy_images(prompts)) if with_images else (prompts, None)
+        return (prompts, self.actor.vision.dummy_images(prompts)) if with_images else (prompts, None)
 
     def advantages(self, rewards: np.ndarray):
         rl = self.config.rl_config
@@ -176,7 +170,7 @@ class ModelWorker:
         dtype = self.config.actor_config.param_dtype
         if self.dist.tp_size == 1:
             export_hf(self.actor, out_dir, hf_config=self.hf_config, tokenizer_dir=self.config.tokenizer_dir,
-                      dtype=dtype, overwrite=True, vision_tower=None if self.vision is None else self.vision.tower)
+                      dtype=dtype, overwrite=True)
             return
         export_hf_arrays(out_dir, self.full_shapes, self._gather_full, hf_config=self.hf_config,
                          tokenizer_dir=self.config.tokenizer_dir, dtype=dtype, overwrite=True)
@@ -203,10 +197,8 @@ class ModelWorker:
         if self.lora is not None:
             self.actor.load_adapters(model_dir)
         else:
-            self.actor.load_weights(model_dir)
+            self.actor.load_weights(model_dir)  # a Qwen2.5-VL actor's tower with it
         self.optimizer.sync_master_from_weights()
-        if self.vision is not None:
-            load_vision_weights(self.vision.tower, model_dir)
         self.sync_weights()
 
     def save_optimizer_shard(self, folder: Path) -> None:
@@ -232,7 +224,7 @@ class ModelWorker:
     def compiled_graphs(self) -> int:
         """Graphs MindSpore has compiled for this worker so far (its per-Cell compile caches and the engine's)."""
         cells = (self._accumulate, self._reduce_and_clip, self._apply, self._actor_logprobs, self._ref_logprobs,
-                 None if self.vision is None else self.vision.tower)
+                 None if self.actor.vision is None else self.actor.vision.tower)
         return self.engine.compiled_graphs() + sum(len(cell.compile_cache) for cell in cells if cell is not None)
 
     def precompile(self, rollouts: RolloutBatch) -> None:
@@ -250,7 +242,7 @@ class ModelWorker:
 
     def precompile_vision(self, patch_counts: Sequence[int]) -> None:
         """Compile the vision tower for images of these patch counts (see ``prompt_images.patch_bucket``)."""
-        self.vision.precompile(patch_counts)
+        self.actor.vision.precompile(patch_counts)
 
     def _drop_gradients(self) -> None:
         """Zero the accumulated gradients (after precompiling, or for a skipped, non-finite update). Done from
@@ -409,18 +401,6 @@ class ModelWorker:
         count = max(sums[2], 1.0)
         return {"rollout/logprob_diff_mean": sums[0] / count, "rollout/logprob_diff_max": float(largest),
                 "rollout/is_ratio_mean": sums[1] / count}
-
-
-def prompt_vision(actor: Qwen2Model, actor_cfg) -> PromptVision:
-    """The frozen vision tower of a Qwen2.5-VL actor folder (``actor_config.freeze_vision_tower``: its Parameters
-    have no gradient and no optimizer state; training it is refused by the config check)."""
-    tower = build_vision_tower(actor_cfg.load, dtype=actor_cfg.compute_dtype)
-    for param in tower.get_parameters():
-        param.requires_grad = False
-    tower.set_train(False)
-    spec = actor.spec
-    return PromptVision(tower, image_token_id=spec.image_token_id, vision_start_token_id=spec.vision_start_token_id,
-                        spatial_merge_size=spec.spatial_merge_size, hidden_size=spec.hidden_size)
 
 
 def rollout_options(config: GRPOConfig) -> dict:

@@ -236,17 +236,16 @@ def check_run_inputs(config: "GRPOConfig", tokenizer: "Tokenizer", dataset: Prom
                         f"{rl.max_prompt_length}: raise rl_config.max_prompt_length to {longest} (and seq_length to "
                         f"match), or {hint} --max_prompt_length {rl.max_prompt_length}")
     _check_same_tokenizer(dataset, tokenizer, config.tokenizer_dir, hint)
-    from mindgrpo.hf_config import (VL_MODEL_TYPES, language_model_config,  # lazy: no MindFormers imports
-                                           read_hf_config)
+    from mindgrpo.hf_config import qwen2_spec, read_hf_config  # lazy: the preflight's import loads no model code
 
     models = [("actor_config.load", config.actor_config.load)]
     if rl.beta > 0 and config.ref_load != config.actor_config.load:  # beta = 0 never builds the reference
         models.append(("ref_config.load", config.ref_load))
     for key, model_dir in models:
-        hf = read_hf_config(model_dir)
+        spec = qwen2_spec(read_hf_config(model_dir))
         if key == "actor_config.load":
-            _check_vision_fits(config, dataset, model_dir, hf.get("model_type") in VL_MODEL_TYPES)
-        vocab = int(language_model_config(hf)["vocab_size"])  # Qwen2.5-VL may nest it in text_config
+            _check_vision_fits(config, dataset, model_dir, spec.is_vl)
+        vocab = spec.vocab_size
         highest = max(tokenizer.vocab_size - 1, int(dataset.input_ids.max()))
         if highest >= vocab:
             raise DataError(f"{key} = {model_dir}: the model's vocab_size is {vocab}, but the tokenizer in "

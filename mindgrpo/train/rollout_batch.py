@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from mindgrpo.train.prompt_images import VisionBatch
+from mindgrpo.models.prompt_images import VisionBatch
 
 
 @dataclass
@@ -26,7 +25,7 @@ class RolloutBatch:
     in_loss: Optional[np.ndarray] = None
     """bool [N]: False on the rows of groups that only fill a dynamic-sampling batch to its static size (see
     mindgrpo.train.generation); None: all rows are in the loss."""
-    vision: Optional["VisionBatch"] = None  # Qwen2.5-VL prompts: M-RoPE positions and image features; None: text
+    vision: Optional[VisionBatch] = None  # Qwen2.5-VL prompts: M-RoPE positions and image features; None: text
     tool_mask: Optional[np.ndarray] = None
     """int32 [N, T]: 1 on the tool responses a multi-turn rollout appended (the model reads them, it did not sample
     them); None: every completion token is the model's."""

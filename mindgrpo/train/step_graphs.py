@@ -23,6 +23,7 @@ from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
 from mindgrpo.config import GRPOConfig
+from mindgrpo.models.passes import ModelPass
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.groups import DistInfo
 from mindgrpo.ops.head_logprobs import MODES as HEAD_MODES, fused_head_available, head_logprobs
@@ -34,9 +35,9 @@ from mindgrpo.train.optim import (AdamW, clip_scale, clip_to_norm, parameter_run
 
 
 class CompletionLogProbs(nn.Cell):
-    """Per-token log-probs and entropies of the completions, from a forward that returns their logits:
-    :meth:`~mindgrpo.models.qwen2.Qwen2Model.shared_prompt` (each prompt once per group), ``completions``
-    (``[prompt | completion]`` rows) or ``packed`` (packed rows). The forward's third input holds the tokens.
+    """Per-token log-probs and entropies of the completions, from a pass of the model
+    (:class:`~mindgrpo.models.passes.ModelPass`): :meth:`~mindgrpo.models.qwen2.Qwen2Model.shared_prompt` (each
+    prompt once per group), ``completions`` (``[prompt | completion]`` rows) or ``packed`` (packed rows).
 
     Under tensor parallelism the shared-prompt forward returns each rank's vocabulary slice of the logits, and
     the log-softmax is completed across ranks from per-row numbers (:mod:`mindgrpo.parallel.layers`), so
@@ -50,7 +51,7 @@ class CompletionLogProbs(nn.Cell):
     ``entropy_gradient``: the entropies carry their gradient (the entropy bonus); not under tensor parallelism,
     whose entropy is a metric only (the config refuses ``entropy_coef`` there), nor with the head outside."""
 
-    def __init__(self, forward: nn.Cell, temperature: float, entropy_gradient: bool = False,
+    def __init__(self, forward: ModelPass, temperature: float, entropy_gradient: bool = False,
                  head_mode: str = "score"):
         super().__init__(auto_prefix=False)
         self.forward, self.temperature = forward, temperature
@@ -90,7 +91,7 @@ class CompletionLogProbs(nn.Cell):
 
 
 def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = False,
-                       adapters: bool = True) -> nn.Cell:
+                       adapters: bool = True) -> ModelPass:
     """The pass of ``model`` that ``actor_config.max_tokens_per_micro_batch`` and ``rl_config.share_prompt``
     select. ``backward``: it is the actor's training forward, so ``actor_config.recompute`` applies (scoring
     without a backward never recomputes). ``adapters=False``: a LoRA actor's backbone alone (its reference).
@@ -117,7 +118,7 @@ def fused_head_applies(model: Qwen2Model, config: GRPOConfig, backward: bool) ->
             and not (backward and config.rl_config.entropy_coef > 0))
 
 
-def training_head_mode(forward: nn.Cell) -> str:
+def training_head_mode(forward: ModelPass) -> str:
     """The fused head's mode in a training forward: ``train_head`` when the head's weight trains (full parameters:
     ``lm_head`` or the tied embedding table), ``train`` when it is frozen (LoRA)."""
     return "train_head" if forward.head_requires_grad() else "train"
@@ -126,7 +127,7 @@ def training_head_mode(forward: nn.Cell) -> str:
 class GRPOLossCell(nn.Cell):
     """Scalar GRPO loss of one micro-batch plus its metrics (differentiated with respect to the actor)."""
 
-    def __init__(self, forward: nn.Cell, temperature: float, settings: LossConfig, *, on_policy: bool,
+    def __init__(self, forward: ModelPass, temperature: float, settings: LossConfig, *, on_policy: bool,
                  grad_accum_steps: int, dp_size: int, max_completion_length: int):
         super().__init__(auto_prefix=False)
         self.logprobs = CompletionLogProbs(forward, temperature, entropy_gradient=settings.entropy_coef > 0,
@@ -172,7 +173,7 @@ class PackedLossCell(GRPOLossCell):
     rows are gathered into its completions' loss rows ``[C, W]`` (``unpack``), so the loss is per completion as in
     the padded path, and each completion weighs in with its weight in the step's loss (``step_row_weights``)."""
 
-    def __init__(self, forward: nn.Cell, temperature: float, settings: LossConfig, *, on_policy: bool):
+    def __init__(self, forward: ModelPass, temperature: float, settings: LossConfig, *, on_policy: bool):
         # The completions' weights (step_row_weights) hold the step's reduction: no constants are needed here.
         super().__init__(forward, temperature, settings, on_policy=on_policy, grad_accum_steps=1, dp_size=1,
                          max_completion_length=None)

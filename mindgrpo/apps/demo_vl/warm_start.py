@@ -30,10 +30,8 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     from mindgrpo.data import PromptDataset
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.models import build_model, export_hf, read_hf_config
-    from mindgrpo.models.full_sequence import FullSequenceForward
     from mindgrpo.models.image_tokens import image_source_rows
     from mindgrpo.models.mrope import get_rope_index
-    from mindgrpo.models.vision import build_vision_tower
     from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
 
     start_time = time.perf_counter()
@@ -49,7 +47,7 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     answer_mask[:, prompt_len:] = 1.0
 
     model = build_model(init_dir, role="actor")
-    tower = build_vision_tower(init_dir)
+    tower = model.vision.tower  # frozen: the language model learns to read its features
     spec = model.spec
     pixels = [data.prompt_images(i) for i in range(len(data))]
     chunks = []  # the tower over 32 pictures per call (one call per picture costs as much as 32 in PyNative)
@@ -66,7 +64,7 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     positions = Tensor(np.repeat(positions, BATCH_SIZE, 1).astype(np.int32))
     rows = Tensor(image_source_rows(ids[:BATCH_SIZE], spec.image_token_id, BATCH_SIZE * tokens))
     attention = Tensor(np.ones((BATCH_SIZE, length), np.int32))
-    forward = FullSequenceForward(model, length)
+    forward = model.full_sequence(length)
 
     config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
     optimizer = AdamW(model.trainable_params(), config)
@@ -98,7 +96,7 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
         matches.append(float(exact_rows.asnumpy()) / BATCH_SIZE)
         if len(matches) >= MATCH_WINDOW and np.mean(matches[-MATCH_WINDOW:]) >= TARGET_MATCH:
             break
-    export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir, vision_tower=tower)
+    export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir)
     return {"warm_start_steps_run": step, "warm_start_loss": round(float(loss.asnumpy()), 4),
             "warm_start_seconds": round(time.perf_counter() - start_time, 1),
             "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4)}

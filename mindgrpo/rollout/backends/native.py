@@ -218,7 +218,10 @@ class NativeRolloutEngine:
             raise ValueError("max_batch_size, max_prompt_length and max_cached_buckets must be >= 1")
         if min_decode_batch < 2 or min_decode_batch & (min_decode_batch - 1):
             raise ValueError(f"min_decode_batch must be a power of two >= 2, got {min_decode_batch}")
-        self.weights = Qwen2Weights(actor)
+        if not isinstance(actor, Qwen2Model):
+            raise TypeError(f"{type(actor).__name__} is not a mindgrpo Qwen2Model: build it with "
+                            "mindgrpo.models.build_model")
+        self.weights = actor.decoder_weights()
         self.spec = self.weights.spec
         self.eos_ids = eos_tuple(eos_token_id)
         self.pad_token_id = int(pad_token_id)
@@ -241,7 +244,7 @@ class NativeRolloutEngine:
         self.min_decode_batch = int(min_decode_batch)
         hf_spec = actor.spec
         self.image_tokens = ((hf_spec.image_token_id, hf_spec.vision_start_token_id, hf_spec.spatial_merge_size)
-                             if hf_spec.mrope_section and hf_spec.image_token_id is not None else None)
+                             if actor.is_vl else None)
         """(<|image_pad|>, <|vision_start|>, spatial_merge_size) of a Qwen2.5-VL actor; None for a text model."""
         self._buckets: "OrderedDict[BucketKey, _Bucket]" = OrderedDict()
         self._evicted_graphs = 0
@@ -454,8 +457,8 @@ class NativeRolloutEngine:
         call; a clear error for images the prompt does not hold or a model without M-RoPE."""
         if self.image_tokens is None:
             if images is not None and any(entry is not None for entry in images):
-                raise ValueError("images need a Qwen2.5-VL actor (a config with mrope_section, built by "
-                                 "mindgrpo.models.build_model); this one is a text model")
+                raise ValueError("images need a Qwen2.5-VL actor (built by mindgrpo.models.build_model from a "
+                                 "Qwen2.5-VL folder); this one is a text model")
             return None
         image_token_id = self.image_tokens[0]
         if images is None:

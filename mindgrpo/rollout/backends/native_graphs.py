@@ -34,7 +34,8 @@ import mindspore as ms
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.models.image_tokens import merge_image_features
-from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, mask_bias, reused_layer
+from mindgrpo.models.attention_bias import mask_bias
+from mindgrpo.models.qwen2_blocks import Qwen2Blocks, Qwen2Weights, reused_layer
 from mindgrpo.ops.kv_store import KvStore
 
 __all__ = ["DecodeGraph", "FusedDecodeGraph", "FusedPrefillGraph", "PrefillGraph", "Qwen2Weights", "new_kv_cache"]

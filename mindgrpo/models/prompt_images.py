@@ -1,12 +1,13 @@
-"""The vision side of a Qwen2.5-VL GRPO step: the frozen vision tower runs once per prompt, and what the rollout and
-the training forwards then read of it.
+"""The vision side of a Qwen2.5-VL model: its frozen vision tower, run once per prompt, and what the rollout and the
+forwards then read of it.
 
-A step's ``B`` prompts are sampled ``num_generations`` times and scored three times (reference, old policy, update),
-but an image's features do not depend on the completions, and with ``actor_config.freeze_vision_tower`` not on the
-update either: :class:`PromptVision` embeds each prompt's images once (``Qwen2_5VisionTower.embed_images``) into a
-:class:`~mindgrpo.rollout.PromptImages`, which the rollout engine prefills once per prompt and
-:class:`VisionBatch` hands to every forward of the step. The actor and the reference read the same features: the
-reference holds no tower of its own.
+A :class:`~mindgrpo.models.qwen2.Qwen2Model` built from a Qwen2.5-VL folder holds a :class:`PromptVision` (its
+``vision``). A GRPO step's ``B`` prompts are sampled ``num_generations`` times and scored three times (reference,
+old policy, update), but an image's features do not depend on the completions, and with
+``actor_config.freeze_vision_tower`` not on the update either: :class:`PromptVision` embeds each prompt's images
+once (``Qwen2_5VisionTower.embed_images``) into a :class:`PromptImages`, which the rollout engine prefills once per
+prompt and :class:`VisionBatch` hands to every forward of the step. The actor and the reference read the same
+features: the reference holds no tower of its own. A chat embeds each picture once, on the message that brings it.
 
 :class:`VisionBatch` holds, for the step's prompts left-padded to width ``P``, their M-RoPE positions and
 ``rope_delta`` (:func:`~mindgrpo.models.mrope.get_rope_index`); :meth:`VisionBatch.forward_inputs` makes the extra
@@ -23,22 +24,39 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-
 from mindgrpo.data.dataset import PromptImagePixels
+from mindgrpo.hf_config import Qwen2Spec
 from mindgrpo.models.image_tokens import image_source_rows
 from mindgrpo.models.mrope import get_rope_index
 from mindgrpo.models.vision import Qwen2_5VisionTower
-from mindgrpo.rollout import PromptImages
+
+
+@dataclass(frozen=True, eq=False)
+class PromptImages:
+    """The images of one Qwen2.5-VL prompt, as its language model reads them. The caller runs the vision tower once
+    per prompt (:meth:`PromptVision.embed`), not once per sample: the rollout engine prefills the prompt once and
+    every one of its ``num_generations`` samples continues that prefill.
+
+    The prompt holds each image as ``<|vision_start|>`` followed by one ``<|image_pad|>`` per merged patch; the
+    engine puts the feature rows in place of those tokens, in order, and computes the M-RoPE positions from
+    ``image_grid_thw`` (:func:`mindgrpo.models.mrope.get_rope_index`). Compared by identity (``eq=False``): a
+    prompt's samples share one object."""
+    features: np.ndarray
+    """float [image tokens, hidden]: the vision tower's merged features of the prompt's images, in their order."""
+    image_grid_thw: np.ndarray
+    """int [images, 3]: each image's (t, h, w) patch grid, as the image processor gives it."""
 
 
 class PromptVision:
-    """The frozen vision tower of a Qwen2.5-VL actor and the image token ids of its language model."""
+    """The frozen vision tower of a Qwen2.5-VL model and the image token ids of its language model (``spec``)."""
 
-    def __init__(self, tower: Qwen2_5VisionTower, *, image_token_id: int, vision_start_token_id: int,
-                 spatial_merge_size: int, hidden_size: int):
+    def __init__(self, tower: Qwen2_5VisionTower, spec: Qwen2Spec):
+        tower.set_train(False)  # never trained (actor_config.freeze_vision_tower): no gradient, no optimizer state
+        for param in tower.get_parameters():
+            param.requires_grad = False
         self.tower = tower
-        self.image_token_id, self.vision_start_token_id = image_token_id, vision_start_token_id
-        self.merge, self.hidden_size = spatial_merge_size, hidden_size
+        self.image_token_id, self.vision_start_token_id = spec.image_token_id, spec.vision_start_token_id
+        self.merge, self.hidden_size = spec.spatial_merge_size, spec.hidden_size
         self.prompts_embedded = 0
         """Prompts whose images went through the tower so far (the benchmark checks: once per prompt per step)."""
         self.seconds = 0.0
@@ -80,7 +98,7 @@ class PromptVision:
 
     def dummy_images(self, prompts: np.ndarray) -> List[PromptImages]:
         """Give each dummy prompt ``[count, width]`` (in place) one image of one merged patch, zero features, and
-        return their :class:`~mindgrpo.rollout.PromptImages`: what precompiling the VL graphs of a width needs."""
+        return their :class:`PromptImages`: what precompiling the VL graphs of a width needs."""
         prompts[:, 0], prompts[:, 1] = self.vision_start_token_id, self.image_token_id
         grid = np.array([[1, self.merge, self.merge]], np.int64)
         return [PromptImages(np.zeros((1, self.hidden_size), np.float32), grid) for _ in range(len(prompts))]
