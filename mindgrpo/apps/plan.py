@@ -83,6 +83,7 @@ RUNTIME_BYTES = {"ascend": 0, "cpu": sum(CPU_RUNTIME_MIB.values()) * 2**20}  # a
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LOGIT_COPIES_TRAIN = 4  # float32 [tokens, vocab/tp]: logits, log-softmax, softmax (entropy), their gradient
 LOGIT_COPIES_SCORE = 3  # no backward: logits, log-softmax, softmax
+HEAD_CHUNK_ROWS = 64  # the fused head's scratch: this many rows of float32 logits (kernels/head_logprobs_cpu.cc)
 # float32 attention-score tensors a layer holds at once (Qwen2Blocks / SharedPromptForward): the concatenated
 # prompt|own scores, the scaled and biased softmax input, the softmax output, and its prompt and own slices that
 # feed the two context products. Measured on CPU (small, TP=1): the training micro-batch's RSS grew 486 MiB per 8
@@ -231,7 +232,7 @@ def _forward_sizes(hf_config: Mapping, model_parallel: int, completions: int, nu
 def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch_size: int, num_generations: int,
                      prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
                      recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False,
-                     prompts_per_forward: int = 0) -> int:
+                     prompts_per_forward: int = 0, fused_head: bool = False) -> int:
     """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
     forward of ``scoring_batch_size`` completions when that is larger; with ``separate_pools`` (CPU, where each
     compiled graph keeps its memory) the two added. ``prompts_per_forward``: the prompts each forward computes
@@ -252,6 +253,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         masks  = 4 S / kv                 float32 additive biases, shared by the layers and KV heads
         logits = 4 x 4 m T (V/tp)         float32 over completion positions only: logits, log-softmax,
                                           softmax (entropy) and the logits' gradient
+               fused_head:                 4 m T H + 4 x 64 V (the kernel's chunk of logits; no [m T, V] tensor:
+                                          the derivative of each log-prob by its hidden state, [m T, H])
 
         without recompute:  L layer + 2 N H c (embedding, final norm) + masks + logits
         with recompute:     L N H c (each layer's input) + layer (the one being recomputed) + masks + logits
@@ -260,6 +263,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
                             layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
         scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
+                            (fused_head: 4 x 64 V instead of the logits)
     """
     hf = hf_config
     layout = tp_layout(hf, model_parallel)
@@ -268,19 +272,20 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
     h, kv, inter, vocab = (layout.local_heads, layout.local_kv_heads, layout.intermediate_size // model_parallel,
                            layout.local_vocab)
 
-    def one_forward(completions: int, logit_copies: int):
+    def one_forward(completions: int, logit_copies: int, backward: bool):
         n, s, completion_tokens = _forward_sizes(hf, model_parallel, completions, num_generations, prompt_len,
                                                  completion_len, share_prompt, prompts_per_forward)
         layer = (4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 * SCORE_COPIES + (c if c != 4 else 0))
                  + 4 * n * inter * c)
-        shared = 4 * s // kv + logit_copies * 4 * completion_tokens * vocab
-        return n, layer, shared
+        head = (4 * HEAD_CHUNK_ROWS * vocab + (4 * completion_tokens * hidden if backward else 0) if fused_head
+                else logit_copies * 4 * completion_tokens * vocab)
+        return n, layer, 4 * s // kv + head
 
-    n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN)
+    n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN, True)
     train = (layers * n * hidden * c + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
     if scoring_batch_size < 1:
         return train
-    n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE)
+    n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE, False)
     scoring = layer + 2 * n * hidden * c + shared
     return train + scoring if separate_pools else max(train, scoring)
 
@@ -330,8 +335,12 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
     shape = dict(model_parallel=model_parallel, micro_batch_size=packed_rows or actor.micro_batch_size,
                  num_generations=rl.num_generations, prompt_len=rl.max_prompt_length,
                  completion_len=sampling.max_tokens, compute_dtype=actor.compute_dtype,
-                 share_prompt=rl.share_prompt, scoring_batch_size=packed_rows or config.ref_config.ref_model_batch_size,
-                 separate_pools=device == "cpu", prompts_per_forward=min(packed_rows, rl.batch_size))
+                 share_prompt=rl.share_prompt,
+                 # a scoring forward runs for the KL's reference, or for the old log-probs of later passes
+                 scoring_batch_size=(packed_rows or config.ref_config.ref_model_batch_size
+                                     if rl.beta > 0 or rl.num_iterations > 1 or rl.steps_per_generation > 1 else 0),
+                 separate_pools=device == "cpu", prompts_per_forward=min(packed_rows, rl.batch_size),
+                 fused_head=Derived(config).actor_head_fused(device))
     if gen.backend == "vllm":
         cache = int(gen.gpu_memory_utilization * device_memory)
     else:

@@ -71,6 +71,17 @@ class Derived:
                      and self.config.actor_config.compute_dtype == "float32")
         return 1e-3 if same_math and plain else 0.0
 
+    def actor_head_fused(self, device: str) -> bool:
+        """Whether the actor's vocabulary head runs as the fused kernel (``actor_config.head_impl: fused``,
+        mindgrpo.ops.head_logprobs) on ``device`` (``cpu`` or ``ascend``): on CPU, at model_parallel 1, with a
+        float32 head computed in float32 (float32 weights, or a LoRA backbone, whose bf16 head CPU keeps float32)
+        and no entropy bonus. The trainer checks the built model itself (``step_graphs.fused_head_applies``);
+        this is the config's view of it, for the planner."""
+        actor = self.config.actor_config
+        float32_head = actor.param_dtype == "float32" or actor.lora_rank > 0
+        return (actor.head_impl == "fused" and device == "cpu" and actor.parallel_config.model_parallel == 1
+                and actor.compute_dtype == "float32" and float32_head and self.config.rl_config.entropy_coef == 0)
+
     def prompt_width(self, longest_prompt: int) -> int:
         """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of
         :attr:`prompt_widths` that holds it (few distinct shapes: GRAPH mode compiles each once)."""
