@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchlib import cpu_model
+from user_path import run_user_path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "grpo" / "qwen2_5_coder_0_5b_lora_gsm8k.yaml"
@@ -68,16 +69,16 @@ def ordered_prompts(dataset_file: Path, seed: int, count: int) -> List[Dict[str,
 
 def mindgrpo_run(args, seed: int, out: Path) -> Dict:
     run_dir = out / f"mindgrpo-seed{seed}"
-    cmd = [sys.executable, str(REPO / "examples" / "grpo" / "main.py"), "--config", str(RECIPE),
-           "--actor_checkpoint_path", str(args.model), "--dataset_file", str(args.dataset_file),
-           f"rl_config.output_dir={run_dir}", f"rl_config.seed={seed}", f"rl_config.max_steps={args.steps}",
-           f"rl_config.save_ckpt_interval={args.steps}"]
-    measured = run_measured(cmd, out / f"mindgrpo-seed{seed}.log")
+    overrides = ["--actor_checkpoint_path", str(args.model), "--dataset_file", str(args.dataset_file),
+                 f"rl_config.seed={seed}", f"rl_config.max_steps={args.steps}",
+                 f"rl_config.save_ckpt_interval={args.steps}"]
+    result = run_user_path(RECIPE, overrides, run_dir, out / f"mindgrpo-seed{seed}.log",
+                           completions=PROMPTS_PER_STEP * 8, warmup=0)
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
     steps = [m["timing/all"] for m in metrics]
-    return {**measured, "framework": "mindgrpo", "seed": seed, "model": str(run_dir),
-            "median_step_s": round(statistics.median(steps[1:] or steps), 1),
-            "rewards": [round(m["grpo/rewards/mean"], 4) for m in metrics]}
+    return {"wall_s": result["wall_s"], "peak_rss_gib": round(result["peak_rss_mib"] / 1024, 2),
+            "framework": "mindgrpo", "seed": seed, "model": str(run_dir),
+            "median_step_s": round(statistics.median(steps[1:] or steps), 1), "rewards": result["rewards"]}
 
 
 def trl_run(args, seed: int, out: Path) -> Dict:

@@ -9,6 +9,10 @@ except these: `--prompts-per-step` prompts (2) x 8 completions x `--max-new-toke
 first `--warmup` (1) excluded. A random model at this vocabulary samples EOS with a chance of about 1 in 150,000 a
 token: every completion runs to the limit in both frameworks (the `lengths` of each JSON line show it).
 
+Each mindgrpo run is the user's path: its config written as a yaml and trained by `examples/grpo/main.py` in its
+own process (tools/user_path.py), timed from outside, its peak RSS its own; the first step (which compiles) is the
+warm-up. So the figures are what a user's run holds, never a benchmark worker's.
+
     mindgrpo float32     actor_config.param_dtype float32 (weights, gradients and AdamW state float32)
     mindgrpo bfloat16    actor_config.param_dtype bfloat16: bf16 weights, fp32 gradients (bf16 gradient buffers
                          are Ascend-only) and fp32 master weights and moments in the optimizer; on CPU the
@@ -31,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 import os
 import shutil
 import sys
@@ -38,8 +43,9 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List
 
-from bench_grpo import check_inputs, peer_prompts, run_process, summary
+from bench_grpo import bench_config, check_inputs, convert_prompts, peer_prompts, run_process, summary
 from benchlib import ASSETS_CACHE, bench_assets, cpu_model, write_model, write_model_sharded
+from user_path import run_user_path
 
 # Qwen2.5's published configs (config.json of Qwen/Qwen2.5-0.5B and Qwen/Qwen2.5-1.5B)
 QWEN2_5 = {
@@ -83,22 +89,27 @@ def real_model(size: str, cache: Path) -> Path:
     return out
 
 
-def commands(size: str, model: Path, work: Path, args: argparse.Namespace, prompts_per_step: int) -> Dict[str, list]:
-    """The process to start for each run kind at this batch."""
+def commands(size: str, model: Path, work: Path, args: argparse.Namespace, prompts_per_step: int) -> Dict[str, object]:
+    """What to run for each run kind at this batch: mindgrpo's as a config for the user's path
+    (`examples/grpo/main.py`, tools/user_path.py), TRL's as the process to start."""
+    from mindgrpo.config import dump_yaml
+
     assets = bench_assets(Path(args.model_cache))
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--prompts-per-step", str(prompts_per_step)]
     threads = ["--threads", str(args.threads)] if args.threads else []
-    runs = {}
+    dataset = convert_prompts(assets.prompts, model, work / f"prompts_{model.name}.mindrecord")
+    runs: Dict[str, object] = {}
     for dtype in args.dtypes:
         for rank in args.lora_ranks:
-            runs[run_name(dtype, rank)] = [
-                sys.executable, str(Path(__file__).with_name("bench_grpo.py")), "--worker", size, "--model-dir",
-                str(model), "--work-dir", str(work), "--prompts", str(assets.prompts), "--prompts-source",
-                assets.source, "--max-new-tokens", str(args.max_new_tokens), "--param-dtype", dtype,
-                "--packed-rows", str(args.packed_rows), "--generations", str(args.generations), "--lora-rank",
-                str(rank), "--micro-batch", str(args.micro_batch), *(["--recompute"] if args.recompute else []),
-                *(["--no-precompile"] if args.no_precompile else []),
-                *common, *threads]
+            name = run_name(dtype, rank)
+            slug = name.replace(" ", "_")
+            config = bench_config(model, dataset, work / slug, args.steps, True, args.micro_batch,
+                                  new_tokens=args.max_new_tokens, packed_rows=args.packed_rows,
+                                  prompts=prompts_per_step, param_dtype=dtype, generations=args.generations,
+                                  lora_rank=rank, recompute=args.recompute)
+            dump_yaml(config, work / f"{slug}.yaml")
+            runs[name] = UserPathRun(work / f"{slug}.yaml", work / slug, prompts_per_step * args.generations,
+                                     config)
     if args.vs_trl:
         runs["TRL float32"] = [
             args.vs_trl, str(Path(__file__).with_name("trl_peer.py")), "--model", str(model),
@@ -111,14 +122,36 @@ def run_name(dtype: str, lora_rank: int) -> str:
     return f"mindgrpo {dtype}" + (f" LoRA r{lora_rank}" if lora_rank else "")
 
 
-def run_rounds(runs: Dict[str, list], repeats: int, log) -> Dict[str, List[Dict]]:
+@dataclass(frozen=True)
+class UserPathRun:
+    """A mindgrpo run kind: its config, written as a user's yaml, run by `examples/grpo/main.py`."""
+    config_file: Path
+    output_dir: Path
+    completions: int
+    config: object
+
+    def run(self, warmup: int) -> Dict:
+        from mindgrpo.apps.plan import plan_layouts
+        from mindgrpo.hf_config import read_hf_config
+
+        shutil.rmtree(self.output_dir, ignore_errors=True)
+        result = run_user_path(self.config_file, [], self.output_dir, self.output_dir.with_suffix(".log"),
+                               completions=self.completions, warmup=warmup)
+        layout = plan_layouts(self.config, 1, 1 << 50, read_hf_config(self.config.actor_config.load),
+                              device="cpu")["layouts"][0]
+        return {**result, "framework": "mindgrpo", "planned_rss_mib": round(layout["bytes"]["total"] / 2 ** 20),
+                "cpu": cpu_model()}
+
+
+def run_rounds(runs: Dict[str, object], repeats: int, log, warmup: int = 1) -> Dict[str, List[Dict]]:
     """Every run kind `repeats` times, the order rotating each round; a failed run is reported and left out."""
     results: Dict[str, List[Dict]] = {name: [] for name in runs}
     names = list(runs)
     for turn in range(repeats):
         for name in names[turn % len(names):] + names[:turn % len(names)]:
             try:
-                result = run_process(runs[name], name)
+                run = runs[name]
+                result = run.run(warmup) if isinstance(run, UserPathRun) else run_process(run, name)
             except RuntimeError as err:
                 log(json.dumps({"run": name, "failed": str(err)[-2000:]}))
                 continue
@@ -180,8 +213,6 @@ def main() -> int:
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
     parser.add_argument("--micro-batch", type=int, default=16, help="mindgrpo's actor_config.micro_batch_size")
     parser.add_argument("--recompute", action="store_true", help="mindgrpo's actor_config.recompute")
-    parser.add_argument("--no-precompile", action="store_true",
-                        help="mindgrpo compiles in its first step instead of before it (see bench_grpo.py)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1, help="leading steps excluded from the statistics")
@@ -221,7 +252,7 @@ def main() -> int:
                 if prompts != args.prompts_per_step:  # the capacity run: float32 only
                     runs = {k: v for k, v in runs.items()
                             if k == "mindgrpo float32" or (k == "TRL float32" and args.capacity_trl)}
-                results = run_rounds(runs, repeats, log)
+                results = run_rounds(runs, repeats, log, args.warmup)
                 failed |= not all(results[k] for k in results if k.startswith("mindgrpo"))
                 for line in table(size, prompts, results, args.max_new_tokens, args.generations):
                     log(line)
