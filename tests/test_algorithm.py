@@ -8,7 +8,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mindgrpo.algorithm import (METRICS, LossConfig, group_advantages, grpo_loss, kl_penalty, step_row_weights,
-                                token_entropy, token_logprobs)
+                                token_entropy, token_logprobs, zero_std_groups)
 from mindgrpo.choices import LOSS_IMPLS as IMPLS, LOSS_TYPES, canonical_kl_estimator
 
 
@@ -347,9 +347,9 @@ def test_group_advantages_match_unbiased_std_formula(ms_mode, scale_rewards):
     def advantages_of(r):
         return group_advantages(r, 4, scale_rewards=scale_rewards)
 
-    advantages, zero_std = run(advantages_of, ms_mode)(Tensor(rewards))
+    advantages = run(advantages_of, ms_mode)(Tensor(rewards))
     np.testing.assert_allclose(advantages.asnumpy(), numpy_advantages(rewards, 4, scale_rewards), atol=1e-5)
-    assert int(zero_std) == 1
+    assert zero_std_groups(rewards, 4).tolist() == [False, True, False]
     assert np.all(advantages.asnumpy()[4:8] == 0)  # all-equal rewards: no signal
 
 
@@ -383,23 +383,24 @@ def test_batch_scaling_over_data_parallel_ranks_equals_one_batch():
     from mindgrpo.algorithm import global_batch_std
 
     rewards = np.array([1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5, 2, -1, 0, 3], np.float32)
-    whole = group_advantages(rewards, 2, scale_rewards="batch")[0].asnumpy()
+    whole = group_advantages(rewards, 2, scale_rewards="batch").asnumpy()
     shares = np.split(rewards, 3)
     stds = _on_ranks(global_batch_std, shares)
     assert stds == pytest.approx([rewards.astype(np.float64).std(ddof=1)] * 3, rel=1e-12)
     gap = 0.0
     for rank, (share, std) in enumerate(zip(shares, stds)):
-        ours = group_advantages(share, 2, scale_rewards="batch", batch_std=std)[0].asnumpy()
+        ours = group_advantages(share, 2, scale_rewards="batch", batch_std=std).asnumpy()
         np.testing.assert_allclose(ours, whole[rank * 4:(rank + 1) * 4], atol=1e-6)
-        own = group_advantages(share, 2, scale_rewards="batch")[0].asnumpy()
+        own = group_advantages(share, 2, scale_rewards="batch").asnumpy()
         gap = max(gap, float(np.abs(own - ours).max()))
     assert gap > 1e-2
 
 
 def test_group_advantages_edge_cases():
-    advantages, zero_std = group_advantages(np.array([3.0, -1.0, 2.0], np.float32), 1)
-    assert np.all(advantages.asnumpy() == 0) and int(zero_std) == 3  # a lone completion has nothing to compare to
-    advantages, _ = group_advantages(np.array([0.0, 1.0], np.float32), 2)
+    lone = np.array([3.0, -1.0, 2.0], np.float32)
+    advantages = group_advantages(lone, 1)
+    assert np.all(advantages.asnumpy() == 0) and zero_std_groups(lone, 1).all()  # nothing to compare to
+    advantages = group_advantages(np.array([0.0, 1.0], np.float32), 2)
     assert advantages.asnumpy() == pytest.approx([-0.5 / (np.sqrt(0.5) + 1e-4), 0.5 / (np.sqrt(0.5) + 1e-4)], rel=1e-5)
     with pytest.raises(ValueError, match="divisible"):
         group_advantages(np.zeros(5, np.float32), 2)

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import small_run_config
 from mindgrpo.config import ConfigError, Derived, GRPOConfig, validate
+from mindgrpo.algorithm.advantages import zero_std_groups
 from mindgrpo.train.generation import kept_groups, select_groups
 
 
@@ -42,7 +43,7 @@ def ours(rounds_rewards, prompt_bsz, n, max_rounds):
     """mindgrpo's rounds and selection, as GRPOTrainer._rollout_and_score runs them on one rank."""
     kept = []
     for rewards in rounds_rewards[:max_rounds]:
-        kept.append(kept_groups(np.asarray(rewards, np.float32), n))
+        kept.append(kept_groups(zero_std_groups(np.asarray(rewards, np.float32), n), n))
         if sum(k.sum() for k in kept) >= prompt_bsz:
             break
     chosen, in_loss = select_groups(kept, prompt_bsz)
@@ -99,10 +100,11 @@ def test_config_checks_the_new_keys():
 # ---- in the trainer --------------------------------------------------------------------------------------------------
 
 def run_steps(trainer):
+    """Each step's metrics, rollouts, generation and that generation's old-policy log-probs (one per step)."""
     out = []
     while trainer.step < trainer.total_steps:
         metrics = trainer.train_step()
-        out.append((metrics, trainer.last_rollouts, trainer._generation))
+        out.append((metrics, trainer.last_rollouts, trainer._generation, trainer._old_logp))
     return out
 
 
@@ -132,7 +134,7 @@ def test_dynamic_sampling_in_graph_mode_fills_the_batch_without_recompiling(tmp_
     trainer.metrics.close()
     trainer.scorer.close()
 
-    for metrics, rollouts, generation in seen:
+    for metrics, rollouts, generation, old_logp in seen:
         assert len(rollouts.prompt_ids) == config.rl_config.batch_size
         in_loss = rollouts.in_loss.reshape(-1, 4)[:, 0]
         rewards = generation.rewards.reshape(-1, 4)
@@ -147,17 +149,17 @@ def test_dynamic_sampling_in_graph_mode_fills_the_batch_without_recompiling(tmp_
         first = generation.first_round.rewards.aggregated.reshape(-1, 4)
         assert metrics["grpo/zero_std_groups"] == (first.max(1) == first.min(1)).sum()
         if in_loss.any():
-            expected = gap_from(generation.old_logp[0], rollouts)
+            expected = gap_from(old_logp[0], rollouts)
             for key, value in expected.items():
                 assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-7)
             assert metrics["rollout/logprob_diff_max"] < 1e-4  # the engine's decode and the training forward agree
-    rounds = sum(generation.rounds for _, _, generation in seen)
+    rounds = sum(generation.rounds for _, _, generation, _ in seen)
     assert rounds > len(seen)  # some step needed a second round
     # every round read one batch of prompts: the saved data position is the rounds', not the steps'
     state = trainer.dataset.state_dict()
     assert state["epoch"] * trainer.dataset.steps_per_epoch(2) + state["position"] == rounds
-    print(json.dumps({"generation_batches": [m["grpo/generation_batches"] for m, _, _ in seen],
-                      "gap_max": [m["rollout/logprob_diff_max"] for m, _, _ in seen]}))
+    print(json.dumps({"generation_batches": [m["grpo/generation_batches"] for m, *_ in seen],
+                      "gap_max": [m["rollout/logprob_diff_max"] for m, *_ in seen]}))
 
 
 def test_at_the_round_limit_the_step_trains_on_masked_fillers_and_goes_on(tmp_path, demo_prompts, demo_plain):
@@ -170,7 +172,7 @@ def test_at_the_round_limit_the_step_trains_on_masked_fillers_and_goes_on(tmp_pa
                               seq_length=80, max_tokens=8, verifiers=["toy_verifiers:constant"], max_steps=2,
                               dynamic_sampling=True, max_generation_batches=2, mode="pynative")
     trainer = GRPOTrainer(config)
-    for metrics, rollouts, _ in run_steps(trainer):
+    for metrics, rollouts, *_ in run_steps(trainer):
         assert metrics["grpo/generation_batches"] == 2 and metrics["grpo/unfilled_groups"] == 2
         assert not rollouts.in_loss.any() and rollouts.loss_mask.sum() == 0
         assert metrics["grad_norm"] == 0 and "rollout/logprob_diff_mean" in metrics
@@ -195,7 +197,7 @@ def test_steps_per_generation_with_dynamic_sampling_resumes_exactly(tmp_path, de
     trainer = GRPOTrainer(config(tmp_path / "full"))
     seen = []
     while trainer.step < trainer.total_steps:
-        seen.append((trainer.train_step(), trainer.last_rollouts, trainer._generation))
+        seen.append((trainer.train_step(), trainer.last_rollouts, trainer._generation, trainer._old_logp))
         if trainer.step == 1:  # in the middle of a generation: refused, with the rule
             with pytest.raises(TrainingError, match="only be saved between generations"):
                 trainer.save_checkpoint()
@@ -204,7 +206,7 @@ def test_steps_per_generation_with_dynamic_sampling_resumes_exactly(tmp_path, de
     trainer.metrics.close()
     trainer.scorer.close()
     first, second = seen[0][2], seen[1][2]
-    assert first is second and len(first.old_logp) == 2 and seen[1][0]["timing/rollout"] == 0
+    assert first is second and len(seen[1][3]) == 2 and seen[1][0]["timing/rollout"] == 0
     np.testing.assert_array_equal(seen[1][1].completion_ids, first.rollouts.completion_ids[8:])
     assert seen[2][2] is not first
 

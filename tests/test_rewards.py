@@ -1035,7 +1035,7 @@ def test_aggregations_give_trl_advantages(two_objectives, aggregation, scale_rew
     completions = list(AGG_SCORES)
     scorer = RewardScorer(two_objectives, AGG_WEIGHTS, aggregation=aggregation, num_generations=3)
     batch = scorer.score(completions, [""] * len(completions))
-    advantages, _ = group_advantages(batch.aggregated, 3, scale_rewards=scale_rewards)
+    advantages = group_advantages(batch.aggregated, 3, scale_rewards=scale_rewards)
     per_func = np.array([AGG_SCORES[c] for c in completions], dtype=np.float64)
     expected = _trl_advantages(per_func, np.array(AGG_WEIGHTS), 3, aggregation)
     np.testing.assert_allclose(advantages.asnumpy(), expected, rtol=1e-5, atol=1e-5)
@@ -1069,9 +1069,11 @@ def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifie
     cfg.reward_config.verifier_timeout, cfg.reward_config.verifier_parallel = 1.0, 2
     cfg.reward_config.aggregation, cfg.reward_config.verifier_weight = "normalize_then_sum", [1.0, 0.5]
     trainer = GRPOTrainer(cfg)
-    advantages, computed = trainer.worker.advantages, []
-    monkeypatch.setattr(trainer.worker, "advantages", lambda rewards: computed.append(advantages(rewards)) or
-                        computed[-1])
+    import mindgrpo.train.trainer as trainer_module
+
+    advantages, computed = trainer_module.generation_advantages, []
+    monkeypatch.setattr(trainer_module, "generation_advantages",
+                        lambda *args: computed.append(advantages(*args)) or computed[-1])
     trainer.train_step()
     row = read_metrics(run)[-1]
     records = [json.loads(line) for line in (run / "completions.jsonl").read_text(encoding="utf-8").splitlines()]
@@ -1084,7 +1086,7 @@ def test_trainer_counts_timeouts_and_stops_before_the_update_on_a_broken_verifie
         [0.0 if h else len(r["completion"]) / 64 for h, r in zip(hung, records)]
     per_func = np.array([[r["rewards"][name] for name in cfg.reward_config.verifier_function] for r in records])
     expected = _trl_advantages(per_func, np.array([1.0, 0.5]), 4, "normalize_then_sum")
-    np.testing.assert_allclose(computed[0][0], expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(computed[0], expected, rtol=1e-5, atol=1e-5)
 
     before = state_dict_hf(trainer.worker.actor)
     trainer.scorer.close()

@@ -188,7 +188,7 @@ def test_vl_with_dynamic_sampling_and_two_steps_per_generation(tmp_path, geo3k_p
         # the old policy's log-probs, taken through each step's slice at generation (before any update): the
         # sampling policy's, so they equal the engine's
         real = part.completion_mask.astype(bool)
-        assert np.abs(generation.old_logp[step] - part.sampling_logp)[real].max() < 1e-4
+        assert np.abs(trainer._old_logp[step] - part.sampling_logp)[real].max() < 1e-4
     second = trainer.train_step()
     assert first["grpo/generation_batches"] >= 1 and np.isfinite(second["actor/loss"])
     assert trainer.worker.actor.vision.prompts_embedded == 4 * first["grpo/generation_batches"]

@@ -6,7 +6,8 @@ MindSpore, so this package imports them on first use.
 from mindgrpo._lazy import lazy_attributes
 
 _LAZY = {
-    "group_advantages": "advantages", "global_batch_std": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
+    "group_advantages": "advantages", "generation_advantages": "advantages", "global_batch_std": "advantages",
+    "zero_std_groups": "advantages", "kl_penalty": "kl", "token_entropy": "logprobs", "token_logprobs": "logprobs",
     "METRICS": "loss", "LossConfig": "loss", "grpo_loss": "loss", "plain_token_loss": "loss",
     "step_row_weights": "loss",
 }

@@ -1,5 +1,13 @@
-"""Group-relative advantages (GRPO): each completion's reward against the other completions of its prompt."""
+"""Group-relative advantages (GRPO): each completion's reward against the other completions of its prompt.
+
+:func:`group_advantages` is the math (MindSpore ops, in or out of a graph); :func:`generation_advantages` is what a
+run computes from a generation's rewards, on the host, once: a new array the update reads, never written back into
+the generation. :func:`zero_std_groups` names the groups that give no learning signal (dynamic sampling drops them,
+the metrics count them).
+"""
 from __future__ import annotations
+
+from typing import Callable, Optional
 
 import numpy as np
 import mindspore as ms
@@ -11,8 +19,14 @@ from mindgrpo.choices import SCALE_REWARDS
 DEFAULT_STD_EPS = 1e-4
 
 
+def zero_std_groups(rewards: np.ndarray, num_generations: int) -> np.ndarray:
+    """bool [groups]: the groups whose rewards are all equal (advantage 0 on every completion)."""
+    grouped = np.asarray(rewards).reshape(-1, num_generations)
+    return grouped.max(1) == grouped.min(1)
+
+
 def group_advantages(rewards, num_generations: int, scale_rewards: str = "group",
-                     eps: float = DEFAULT_STD_EPS, batch_std: float | None = None) -> tuple[Tensor, Tensor]:
+                     eps: float = DEFAULT_STD_EPS, batch_std: float | None = None) -> Tensor:
     """Advantages ``(r - mean_group) / (std + eps)`` for rewards laid out as consecutive groups.
 
     Args:
@@ -27,11 +41,7 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str = "group"
             data-parallel ranks (:func:`global_batch_std`); None: the std of these N rewards.
 
     The std is the **unbiased** one (divides by n - 1), as TRL and verl compute it with ``torch.std``; a group of
-    size 1 has no spread, so its advantage is 0.
-
-    Returns:
-        ``(advantages [N] float32, zero_std_groups)`` where ``zero_std_groups`` (int32 scalar tensor) counts the
-        groups whose rewards are all equal: they give no learning signal, and the trainer logs how many there were.
+    size 1 has no spread, so its advantage is 0. Returns the advantages, float32 [N].
     """
     if scale_rewards not in SCALE_REWARDS:
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale_rewards!r}")
@@ -45,14 +55,12 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str = "group"
                          f"got shape {tuple(rewards.shape)}")
     num_groups = rewards.shape[0] // num_generations
     if num_generations == 1:
-        return ops.zeros_like(rewards), Tensor(num_groups, ms.int32)
+        return ops.zeros_like(rewards)
 
     grouped = rewards.reshape(num_groups, num_generations)
     centered = grouped - grouped.mean(axis=1, keep_dims=True)
-    all_equal = ops.equal(grouped.max(axis=1), grouped.min(axis=1))
-    zero_std_groups = all_equal.astype(ms.int32).sum()
     if scale_rewards == "none":
-        return centered.reshape(-1), zero_std_groups
+        return centered.reshape(-1)
     if scale_rewards == "group":
         std = ops.sqrt((centered * centered).sum(axis=1, keepdims=True) / (num_generations - 1))
     elif batch_std is not None:
@@ -60,7 +68,17 @@ def group_advantages(rewards, num_generations: int, scale_rewards: str = "group"
     else:
         batch_centered = rewards - rewards.mean()
         std = ops.sqrt((batch_centered * batch_centered).sum() / (rewards.shape[0] - 1))
-    return (centered / (std + eps)).reshape(-1), zero_std_groups
+    return (centered / (std + eps)).reshape(-1)
+
+
+def generation_advantages(rewards: np.ndarray, num_generations: int, scale_rewards: str,
+                          all_reduce_sum: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
+    """float32 [N]: the advantages of a generation's rewards on this rank (:func:`group_advantages`).
+    ``all_reduce_sum`` (sums a small array over the data-parallel ranks; None: one rank) makes ``"batch"``
+    scaling divide by the std of the global batch, whose rewards the ranks share out (:func:`global_batch_std`)."""
+    batch_std = (global_batch_std(rewards, all_reduce_sum)
+                 if scale_rewards == "batch" and all_reduce_sum is not None else None)
+    return group_advantages(rewards, num_generations, scale_rewards=scale_rewards, batch_std=batch_std).asnumpy()
 
 
 def global_batch_std(rewards: np.ndarray, all_reduce_sum) -> float:

@@ -12,10 +12,13 @@ Two options shape it (both off by default, when a generation is one batch of ``b
   whose ``in_loss`` is False: they run through the forwards, but their loss mask is 0, so they add no gradient,
   no tokens to the loss's normalisers and nothing to its metrics.
 * **steps_per_generation** (TRL's): one generation holds ``batch_size x steps_per_generation`` groups, and
-  :meth:`Generation.step_batch` hands them to the next steps ``batch_size`` at a time.
+  :meth:`Generation.step` hands them to the next steps ``batch_size`` at a time.
 
 Which groups to keep is decided on the rewards the advantages are computed from (the verifiers' weighted sum plus
 the overlong penalty): those are the ones whose equality makes the advantages 0.
+
+What the rollout stage returns is frozen (:class:`Round`, :class:`Generation`): the advantages and the old
+policy's log-probs are computed from a generation as new values, never written back into it.
 """
 from __future__ import annotations
 
@@ -24,21 +27,17 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from mindgrpo.models.prompt_images import PromptVision
 from mindgrpo.rewards.scorer import RewardBatch
 from mindgrpo.rollout import FINISH_LENGTH, PromptImages, RolloutResult
 from mindgrpo.train.rollout_batch import RolloutBatch
 
 
-def zero_std_groups(rewards: np.ndarray, num_generations: int) -> np.ndarray:
-    """bool [groups]: the groups whose rewards are all equal (advantage 0 on every completion)."""
-    grouped = np.asarray(rewards).reshape(-1, num_generations)
-    return grouped.max(1) == grouped.min(1)
-
-
-def kept_groups(rewards: np.ndarray, num_generations: int) -> np.ndarray:
-    """bool [groups]: the groups dynamic sampling keeps, those whose rewards are not all equal. A group of one
-    completion is kept, as in verl (its advantage is 0 either way)."""
-    return ~zero_std_groups(rewards, num_generations) | (num_generations == 1)
+def kept_groups(zero_std: np.ndarray, num_generations: int) -> np.ndarray:
+    """bool [groups]: the groups dynamic sampling keeps, those whose rewards are not all equal (``zero_std``:
+    :func:`mindgrpo.algorithm.advantages.zero_std_groups`). A group of one completion is kept, as in verl (its
+    advantage is 0 either way)."""
+    return ~np.asarray(zero_std, bool) | (num_generations == 1)
 
 
 def select_groups(kept: Sequence[np.ndarray], wanted: int) -> Tuple[List[Tuple[int, int]], np.ndarray]:
@@ -53,7 +52,7 @@ def select_groups(kept: Sequence[np.ndarray], wanted: int) -> Tuple[List[Tuple[i
     return [(int(r), int(g)) for r, g in chosen], np.arange(wanted) < len(kept_slots)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Round:
     """One round of generation on this rank: prompts, their completions, texts and rewards."""
     prompt_ids: List[np.ndarray]  # unpadded, one per prompt
@@ -62,11 +61,14 @@ class Round:
     completions: List[str]        # decoded, one per completion
     rewards: RewardBatch
     overlong: np.ndarray          # float32 [N]: the overlong penalty already added to the rewards (0 when off)
+    zero_std: np.ndarray
+    """bool [groups]: the groups whose aggregated rewards are all equal, found once: dynamic sampling drops them
+    (:func:`kept_groups`), the first round's are counted in the metrics."""
     images: Optional[List[Optional[PromptImages]]] = None  # Qwen2.5-VL: each prompt's embedded images; None: text
     tool_stats: Dict[str, float] = field(default_factory=dict)  # ToolTurns.take_stats() of this round; {}: no tools
 
 
-@dataclass
+@dataclass(frozen=True)
 class Generation:
     """The groups one generation keeps, as whole-generation arrays, and its bookkeeping.
 
@@ -87,14 +89,14 @@ class Generation:
     steps: int
     images: Optional[List[Optional[PromptImages]]]  # each group's prompt's embedded images (Qwen2.5-VL); None: text
     tool_stats: Dict[str, float]         # over every round: tool calls, failures, ... and seconds ({}: no tools)
-    advantages: Optional[np.ndarray] = None          # float32 [N], set by the trainer
-    old_logp: List[np.ndarray] = field(default_factory=list)  # per step, when the update needs the old policy's
-    taken: int = 0                                   # steps handed out so far
 
     @classmethod
     def assemble(cls, rounds: List[Round], kept: List[np.ndarray], *, wanted: int, steps: int, width: int,
-                 num_generations: int, pad_token_id: int, mask_truncated: bool, total_rounds: int) -> "Generation":
-        """Gather the selected groups of ``rounds`` into one batch with prompts left-padded to ``width``."""
+                 num_generations: int, pad_token_id: int, mask_truncated: bool, total_rounds: int,
+                 vision: Optional[PromptVision] = None) -> "Generation":
+        """Gather the selected groups of ``rounds`` into one batch with prompts left-padded to ``width``; a
+        Qwen2.5-VL generation's rollouts carry its prompts' M-RoPE positions and features (``vision``: the
+        actor's tower, which embedded the rounds' images)."""
         chosen, in_loss = select_groups(kept, wanted)
         G = num_generations
         prompts = [rounds[r].prompt_ids[g] for r, g in chosen]
@@ -115,9 +117,12 @@ class Generation:
         with_tools = any(rd.result.tool_mask is not None for rd in rounds)
         tool_mask = stack(lambda rd: rd.result.completion_mask - rd.result.model_mask).astype(np.int32) \
             if with_tools else None
+        images = None if rounds[0].images is None else [rounds[r].images[g] for r, g in chosen]
         rollouts = RolloutBatch(prompt, prompt_mask, np.where(mask > 0, ids, pad_token_id).astype(np.int32),
                                 mask.astype(np.int32), truncated, mask_truncated=mask_truncated,
-                                sampling_logp=sampling_logp, in_loss=np.repeat(in_loss, G), tool_mask=tool_mask)
+                                sampling_logp=sampling_logp, in_loss=np.repeat(in_loss, G),
+                                vision=None if images is None else vision.batch(prompt, prompt_mask, images),
+                                tool_mask=tool_mask)
         names = list(rounds[0].rewards.per_verifier)
         return cls(rollouts, stack(lambda rd: rd.rewards.aggregated).astype(np.float32),
                    stack(lambda rd: rd.rewards.total).astype(np.float32),
@@ -125,8 +130,7 @@ class Generation:
                    {name: sum(rd.rewards.failures[name] for rd in rounds) for name in names},
                    {name: sum(rd.rewards.timeouts[name] for rd in rounds) for name in names},
                    [rounds[r].completions[i] for r, i in rows], [rounds[r].golds[i // G] for r, i in rows],
-                   prompts, rounds[0], total_rounds, steps,
-                   None if rounds[0].images is None else [rounds[r].images[g] for r, g in chosen],
+                   prompts, rounds[0], total_rounds, steps, images,
                    {key: sum(rd.tool_stats[key] for rd in rounds) for key in rounds[0].tool_stats})
 
     @property
@@ -135,11 +139,11 @@ class Generation:
         G = len(self.rollouts.completion_ids) // len(self.rollouts.prompt_ids)
         return int((~self.rollouts.in_loss).sum()) // G
 
-    @property
-    def exhausted(self) -> bool:
-        return self.taken >= self.steps
-
     def step_slice(self, step: int) -> slice:
         """The completions of the generation's ``step``-th step."""
         per_step = len(self.rollouts.completion_ids) // self.steps
         return slice(step * per_step, (step + 1) * per_step)
+
+    def step(self, step: int) -> RolloutBatch:
+        """The rollouts of the generation's ``step``-th step."""
+        return self.rollouts.rows(self.step_slice(step))

@@ -25,7 +25,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Tensor, nn
 
-from mindgrpo.algorithm import METRICS, LossConfig, global_batch_std, group_advantages, step_row_weights
+from mindgrpo.algorithm import METRICS, LossConfig, step_row_weights
 from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models import build_model, export_hf, hf_parameters
 from mindgrpo.models.export import export_hf_arrays
@@ -144,15 +144,6 @@ class ModelWorker:
         its graph shapes depend on how many there are)."""
         prompts = np.arange(1, count + 1, dtype=np.int32)[:, None] * np.ones((1, width), np.int32)
         return (prompts, self.actor.vision.dummy_images(prompts)) if with_images else (prompts, None)
-
-    def advantages(self, rewards: np.ndarray):
-        rl = self.config.rl_config
-        # "batch" divides by the std of the global batch, whose rewards the data-parallel ranks share out
-        batch_std = (global_batch_std(rewards, lambda v: all_reduce_sum(v, self.dist))
-                     if rl.scale_rewards == "batch" and self.dist.dp_size > 1 else None)
-        advantages, zero_std_groups = group_advantages(rewards, rl.num_generations, scale_rewards=rl.scale_rewards,
-                                                       batch_std=batch_std)
-        return advantages.asnumpy(), int(zero_std_groups)
 
     def sync_weights(self) -> None:
         self.engine.sync_weights()

@@ -42,10 +42,11 @@ import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
+from mindgrpo.algorithm.advantages import generation_advantages, zero_std_groups
 from mindgrpo.config import Derived, GRPOConfig, dump_yaml
 from mindgrpo.data import PromptBatch
 from mindgrpo.parallel.groups import DP, DistInfo, all_gather, all_reduce_sum, barrier, init_distributed
@@ -53,7 +54,7 @@ from mindgrpo.rewards.overlong import OverlongPenalty
 from mindgrpo.rewards.scorer import VerifierError
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train import peers
-from mindgrpo.train.generation import Generation, Round, kept_groups, zero_std_groups
+from mindgrpo.train.generation import Generation, Round, kept_groups
 from mindgrpo.train.metrics import MetricsLogger, throughput_tps
 from mindgrpo.train.preflight import preflight
 from mindgrpo.train.rollout_batch import RolloutBatch
@@ -120,7 +121,13 @@ class GRPOTrainer:
         self.step = 0
         self.skipped_in_a_row = 0
         self.last_rollouts: Optional[RolloutBatch] = None  # the latest step's batch (for inspection and benchmarks)
-        self._generation: Optional[Generation] = None  # the rollouts of the current generation, until used up
+        # The current generation (what the rollout stage returned, frozen) and what is computed from it, until its
+        # steps are used up: its advantages, the sampling policy's log-probs of each step (when later passes or
+        # steps need them; empty on-policy) and how many of its steps have been trained on.
+        self._generation: Optional[Generation] = None
+        self._advantages = np.zeros(0, np.float32)
+        self._old_logp: Tuple[np.ndarray, ...] = ()
+        self._taken = 0
         if rl.resume_training:
             self._resume()
         if self.dist.is_main:
@@ -206,22 +213,27 @@ class GRPOTrainer:
         step_start = time.perf_counter()
 
         # 1-3. Rollout, scores and group-relative advantages: a new generation every steps_per_generation steps,
-        # with dynamic sampling's extra rounds. The old policy's log-probs are taken there when later passes or
-        # steps need them; for Qwen2.5-VL the vision tower runs there, once per prompt of a round.
-        if self._generation is None or self._generation.exhausted:
+        # with dynamic sampling's extra rounds (for Qwen2.5-VL the vision tower runs there, once per prompt of a
+        # round). The old policy's log-probs are taken from it, once, when later passes or steps need them.
+        if self._generation is None or self._taken == self._generation.steps:
             self._generation = self._rollout_and_score(timings)
-        generation, index = self._generation, self._generation.taken
-        generation.taken += 1
+            self._advantages = generation_advantages(
+                self._generation.rewards, rl.num_generations, rl.scale_rewards,
+                None if self.dist.dp_size == 1 else lambda values: all_reduce_sum(values, self.dist))
+            self._old_logp = self._old_logprobs(self._generation, timings)
+            self._taken = 0
+        generation, index = self._generation, self._taken
+        self._taken += 1
         rows = generation.step_slice(index)
-        rollouts = self.last_rollouts = generation.rollouts.rows(rows)
-        advantages = generation.advantages[rows]
+        rollouts = self.last_rollouts = generation.step(index)
+        advantages = self._advantages[rows]
 
         # 4. Reference log-probs for the KL penalty (skipped when beta = 0).
         with _timed(timings, "timing/reference_model"):
             ref_logp = self.worker.reference_logprobs(rollouts) if rl.beta > 0 else None
 
         # 5. num_iterations optimizer steps over the rollouts, micro-batched with gradient accumulation.
-        old_logp = generation.old_logp[index] if generation.old_logp else None
+        old_logp = self._old_logp[index] if self._old_logp else None
         with _timed(timings, "timing/update"):
             update = self.worker.update(rollouts, advantages, old_logp, ref_logp, total_steps=self.total_steps)
         self._check_rollout_gap(update, first_step_of_generation=index == 0)
@@ -285,25 +297,25 @@ class GRPOTrainer:
             if missing > 0:
                 rounds.append(self._generate_round(batches, round_index, timings))
                 longest = max(longest, max(int(b.lengths.max()) for b in batches))
-                kept.append(kept_groups(rounds[-1].rewards.aggregated, rl.num_generations) if rl.dynamic_sampling
+                kept.append(kept_groups(rounds[-1].zero_std, rl.num_generations) if rl.dynamic_sampling
                             else np.ones(wanted, bool))
                 missing -= int(kept[-1].sum())
             if not rl.dynamic_sampling or all_reduce_sum(np.array([max(missing, 0)]), self.dist)[0] == 0:
                 break
-        generation = Generation.assemble(
+        return Generation.assemble(
             rounds, kept, wanted=wanted, steps=rl.steps_per_generation,
             width=Derived(self.config).prompt_width(longest), num_generations=rl.num_generations,
             pad_token_id=self.tokenizer.pad_token_id, mask_truncated=rl.mask_truncated_completions,
-            total_rounds=total_rounds)
-        rollouts = generation.rollouts  # Qwen2.5-VL: the M-RoPE positions and features of the kept prompts
-        rollouts.vision = self.worker.vision_batch(rollouts.prompt_ids, rollouts.prompt_mask, generation.images)
-        generation.advantages, _ = self.worker.advantages(generation.rewards)
-        # The sampling policy's log-probs, once, before any update: the ratio of every later pass and step.
-        if rl.num_iterations > 1 or rl.steps_per_generation > 1:
-            with _timed(timings, "timing/old_log_p"):
-                generation.old_logp = [self.worker.actor_logprobs(generation.rollouts.rows(generation.step_slice(k)))
-                                       for k in range(generation.steps)]
-        return generation
+            total_rounds=total_rounds, vision=self.worker.actor.vision)
+
+    def _old_logprobs(self, generation: Generation, timings: Dict[str, float]) -> Tuple[np.ndarray, ...]:
+        """The sampling policy's log-probs of each step of ``generation``, taken once, before any update: the ratio
+        of every later pass and step. Empty on-policy (one pass, one step: the loss detaches the current ones)."""
+        rl = self.config.rl_config
+        if rl.num_iterations == 1 and rl.steps_per_generation == 1:
+            return ()
+        with _timed(timings, "timing/old_log_p"):
+            return tuple(self.worker.actor_logprobs(generation.step(k)) for k in range(generation.steps))
 
     def _generate_round(self, batches: List[PromptBatch], round_index: int, timings: Dict[str, float]) -> Round:
         """One round: ``num_generations`` completions per prompt of ``batches`` from the current policy, decoded
@@ -325,7 +337,9 @@ class GRPOTrainer:
         rewards = self.scorer.score(completions, _each(golds, rl.num_generations),
                                     question=_each(questions, rl.num_generations))
         overlong = self.overlong.add_to(rewards, generated.completion_mask.sum(1))
-        return Round(prompts, golds, generated, completions, rewards, overlong, images, tool_stats)
+        return Round(prompts, golds, generated, completions, rewards, overlong,
+                     zero_std=zero_std_groups(rewards.aggregated, rl.num_generations), images=images,
+                     tool_stats=tool_stats)
 
     def _sampling_seed(self, round_index: int = 0) -> int:
         """Derived from (seed, step, generation round) alone, so a resumed run samples exactly what the original
@@ -367,7 +381,7 @@ class GRPOTrainer:
             "prompt_length/mean": sums[2] / count, "prompt_length/min": lo[2], "prompt_length/max": -neg_hi[2],
         }
         counted = float(index == 0)
-        zero_std = zero_std_groups(rewards.aggregated[rows], rl.num_generations).sum()
+        zero_std = first.zero_std[rows.start // rl.num_generations:rows.stop // rl.num_generations].sum()
         verifier_sums = all_reduce_sum(np.array([v[rows].sum() for v in rewards.per_verifier.values()] +
                                                 [counted * f for f in generation.failures.values()] +
                                                 [counted * t for t in generation.timeouts.values()] +
@@ -449,10 +463,10 @@ class GRPOTrainer:
 
         Only between generations: the rollouts of a generation that later steps would still train on
         (``steps_per_generation`` > 1) are not saved, so a checkpoint in its middle could not resume exactly."""
-        if self._generation is not None and not self._generation.exhausted:
+        if self._generation is not None and self._taken < self._generation.steps:
             raise TrainingError(f"step {self.step}: a checkpoint can only be saved between generations (every "
                                 f"rl_config.steps_per_generation = {self.config.rl_config.steps_per_generation} "
-                                f"steps); {self._generation.steps - self._generation.taken} more step(s) train on "
+                                f"steps); {self._generation.steps - self._taken} more step(s) train on "
                                 "the current one")
         staging = self.checkpoints.save_dir / f"{SHARD_STAGING}{self.step:08d}"
         staging.mkdir(parents=True, exist_ok=True)

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from mindgrpo.apps.demo.warm_start import (ADAM_BETA2, BATCH_SIZE, LEARNING_RATE, MATCH_WINDOW, WARMUP_STEPS,
-                                           shuffled_batches)
+from mindgrpo.apps.demo.warm_start import BATCH_SIZE, fit_until_match
 from mindgrpo.apps.demo_tools.task import direct, transcript
 
 TARGET_MATCH = 0.30
@@ -65,9 +64,7 @@ def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: i
     import mindspore as ms
     from mindspore import Tensor, ops
 
-    from mindgrpo.config import LRScheduleConfig, OptimizerConfig
     from mindgrpo.models import build_model, export_hf, read_hf_config
-    from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
 
     start_time = time.perf_counter()
     (system_ids, *tool_rows), plain_rows = arrays
@@ -75,9 +72,6 @@ def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: i
     model = build_model(init_dir, role="actor")
     tool_forward = model.shared_prompt(half, system_ids.shape[1] + tool_rows[0].shape[1])
     plain_forward = model.full_sequence(plain_rows[0].shape[1])
-    config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
-    optimizer = AdamW(model.trainable_params(), config)
-    schedule = LRScheduleConfig(learning_rate=LEARNING_RATE, warmup_steps=WARMUP_STEPS)
 
     def token_terms(logits, targets, weights):
         """(summed log-likelihood of the model tokens, rows whose every model token is the top choice), from the
@@ -94,25 +88,8 @@ def warm_start(init_dir: Path, out_dir: Path, arrays, *, max_steps: int, seed: i
         plain_logp, _ = token_terms(plain_logits, plain_ids[:, 1:], plain_mask[:, 1:])
         return -(tool_logp + plain_logp) / (tool_mask.sum() + plain_mask.sum()), exact_tool_rows
 
-    grad_fn = ms.value_and_grad(loss_fn, None, optimizer.params, has_aux=True)
-
-    @ms.jit
-    def train_step(tool_ids, tool_mask, plain_ids, plain_attention, plain_mask, step_size, eps, decay):
-        (loss, exact), grads = grad_fn(tool_ids, tool_mask, plain_ids, plain_attention, plain_mask)
-        grads, _ = clip_by_global_norm(grads, config.max_grad_norm)
-        optimizer(grads, step_size, eps, decay)
-        return loss, exact
-
-    matches: List[float] = []
-    step, loss = 0, None
-    for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(tool_rows[0]), seed)):
-        lr = learning_rate_at(schedule, step - 1, max_steps)
-        loss, exact = train_step(*(Tensor(a[batch[:half]]) for a in tool_rows),
-                                 *(Tensor(a[batch[half:]]) for a in plain_rows), *optimizer.hyper_tensors(lr))
-        matches.append(float(exact.asnumpy()) / half)
-        if len(matches) >= MATCH_WINDOW and np.mean(matches[-MATCH_WINDOW:]) >= TARGET_MATCH:
-            break
+    facts = fit_until_match(
+        model, loss_fn, lambda batch: [a[batch[:half]] for a in tool_rows] + [a[batch[half:]] for a in plain_rows],
+        rows=len(tool_rows[0]), scored_rows=half, target_match=TARGET_MATCH, max_steps=max_steps, seed=seed)
     export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir)
-    return {"warm_start_steps_run": step, "warm_start_loss": round(float(loss.asnumpy()), 4),
-            "warm_start_seconds": round(time.perf_counter() - start_time, 1),
-            "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4)}
+    return {**facts, "warm_start_seconds": round(time.perf_counter() - start_time, 1)}

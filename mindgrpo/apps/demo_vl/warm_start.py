@@ -1,20 +1,19 @@
 r"""The VL demo's supervised warm start: picture + question -> `\boxed{n}`, before GRPO sees the model.
 
-As the text demo's warm start (:mod:`mindgrpo.apps.demo.warm_start`, whose optimizer settings it shares), it stops
-once the model's answers are right about TARGET_MATCH of the time over the last batches (chance is 1/4), leaving GRPO
-a reward signal and room to improve. The vision tower stays frozen, as in GRPO: each picture's features are computed
+As the text demo's warm start (:mod:`mindgrpo.apps.demo.warm_start`, whose loop it runs), it stops once the model's
+answers are right about TARGET_MATCH of the time over the last batches (chance is 1/4), leaving GRPO a reward signal
+and room to improve. The vision tower stays frozen, as in GRPO: each picture's features are computed
 once, and the language model learns to read them (through mindgrpo's full-sequence forward with M-RoPE).
 """
 from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import numpy as np
 
-from mindgrpo.apps.demo.warm_start import (ADAM_BETA2, BATCH_SIZE, LEARNING_RATE, MATCH_WINDOW, WARMUP_STEPS,
-                                           shuffled_batches)
+from mindgrpo.apps.demo.warm_start import BATCH_SIZE, fit_until_match
 
 TARGET_MATCH = 0.45
 
@@ -26,13 +25,11 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     import mindspore as ms
     from mindspore import Tensor, ops
 
-    from mindgrpo.config import LRScheduleConfig, OptimizerConfig
     from mindgrpo.data import PromptDataset
     from mindgrpo.data.tokenizer import load_tokenizer
     from mindgrpo.models import build_model, export_hf, read_hf_config
     from mindgrpo.models.image_tokens import image_source_rows
     from mindgrpo.models.mrope import get_rope_index
-    from mindgrpo.train.optim import AdamW, clip_by_global_norm, learning_rate_at
 
     start_time = time.perf_counter()
     tok = load_tokenizer(init_dir)
@@ -66,10 +63,6 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
     attention = Tensor(np.ones((BATCH_SIZE, length), np.int32))
     forward = model.full_sequence(length)
 
-    config = OptimizerConfig(weight_decay=0.0, beta2=ADAM_BETA2, max_grad_norm=1.0)
-    optimizer = AdamW(model.trainable_params(), config)
-    schedule = LRScheduleConfig(learning_rate=LEARNING_RATE, warmup_steps=WARMUP_STEPS)
-
     def answer_loss(batch_ids, batch_features, mask):
         logits = forward(batch_ids, attention, positions, batch_features, rows)[:, :-1]
         targets = batch_ids[:, 1:]
@@ -78,25 +71,9 @@ def warm_start(init_dir: Path, out_dir: Path, dataset_file: Path, *, max_steps: 
         misses = ops.cast(ops.not_equal(logits.argmax(-1), targets), ms.float32) * mask
         return -(logp * mask).sum() / mask.sum(), ops.cast(misses.sum(-1) == 0, ms.float32).sum()
 
-    grad_fn = ms.value_and_grad(answer_loss, None, optimizer.params, has_aux=True)
-
-    @ms.jit
-    def train_step(batch_ids, batch_features, mask, step_size, eps, decay):
-        (loss, exact_rows), grads = grad_fn(batch_ids, batch_features, mask)
-        grads, _ = clip_by_global_norm(grads, config.max_grad_norm)
-        optimizer(grads, step_size, eps, decay)
-        return loss, exact_rows
-
-    matches: List[float] = []
-    step, loss = 0, None
-    for step, batch in zip(range(1, max_steps + 1), shuffled_batches(len(ids), seed)):
-        lr = learning_rate_at(schedule, step - 1, max_steps)
-        loss, exact_rows = train_step(Tensor(ids[batch]), Tensor(features[batch].reshape(-1, features.shape[2])),
-                                      Tensor(answer_mask[batch]), *optimizer.hyper_tensors(lr))
-        matches.append(float(exact_rows.asnumpy()) / BATCH_SIZE)
-        if len(matches) >= MATCH_WINDOW and np.mean(matches[-MATCH_WINDOW:]) >= TARGET_MATCH:
-            break
+    facts = fit_until_match(
+        model, answer_loss,
+        lambda batch: [ids[batch], features[batch].reshape(-1, features.shape[2]), answer_mask[batch]],
+        rows=len(ids), scored_rows=BATCH_SIZE, target_match=TARGET_MATCH, max_steps=max_steps, seed=seed)
     export_hf(model, out_dir, hf_config=read_hf_config(init_dir), tokenizer_dir=init_dir)
-    return {"warm_start_steps_run": step, "warm_start_loss": round(float(loss.asnumpy()), 4),
-            "warm_start_seconds": round(time.perf_counter() - start_time, 1),
-            "train_exact_match": round(float(np.mean(matches[-MATCH_WINDOW:])), 4)}
+    return {**facts, "warm_start_seconds": round(time.perf_counter() - start_time, 1)}
