@@ -152,8 +152,8 @@ def test_every_unit_has_a_layer():
 
 
 def test_nothing_imports_a_higher_layer():
-    upward = sorted(f"{where}: {a} (layer {LAYER[unit(a)]}) imports {b} (layer {LAYER[unit(b)]})"
-                    for a, b, where in EDGES if LAYER[unit(b)] > LAYER[unit(a)])
+    upward = sorted({f"{where}: {a} (layer {LAYER[unit(a)]}) imports {b} (layer {LAYER[unit(b)]})"
+                     for a, b, where in EDGES if LAYER[unit(b)] > LAYER[unit(a)]})
     assert not upward, "imports up the layers:\n" + "\n".join(upward)
 
 

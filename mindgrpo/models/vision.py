@@ -22,7 +22,6 @@ That is exact and simple; for many large images on Ascend a variable-length Flas
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -32,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.hf_config import CONFIG_FILE, VL_MODEL_TYPES, ModelConfigError, check_dtype
+from mindgrpo.hf_config import CONFIG_FILE, VL_MODEL_TYPES, ModelConfigError, check_dtype, read_hf_config
 from mindgrpo.models.attention_bias import mask_bias
 from mindgrpo.models.safetensors_io import SafetensorsReader
 from mindgrpo.models.weights import VISION_PREFIXES, CheckpointMismatchError, checkpoint_files
@@ -114,15 +113,8 @@ def vision_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> VisionS
 
 
 def read_vision_spec(model_dir: PathLike) -> VisionSpec:
-    """The vision spec of ``<model_dir>/config.json``."""
-    path = Path(model_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: pass a Hugging Face Qwen2.5-VL folder (config.json + safetensors)")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise ModelConfigError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}") from err
-    return vision_spec(config, source=str(path))
+    """The vision spec of ``<model_dir>/config.json`` (read as every config.json is: :func:`read_hf_config`)."""
+    return vision_spec(read_hf_config(model_dir), source=str(Path(model_dir) / CONFIG_FILE))
 
 
 # ---------------------------------------------------------------------------------------------------------------
