@@ -7,6 +7,7 @@
   written out in torch, differentiated through the logits.
 * The fused setting's fallback to the plain ops, the config keys and the loss cells' entropy.
 """
+import dataclasses
 import json
 from pathlib import Path
 
@@ -405,7 +406,8 @@ def test_trainer_runs_every_option_in_graph_mode_without_recompiling(tmp_path, d
         update, seen = worker.update, []
 
         def with_sampling_logp(rollouts, advantages, old_logp, ref_logp, *, total_steps, update=update, seen=seen):
-            rollouts.sampling_logp = (ref_logp * rollouts.completion_mask).astype(np.float32)
+            rollouts = dataclasses.replace(rollouts,
+                                           sampling_logp=(ref_logp * rollouts.completion_mask).astype(np.float32))
             seen.append(rollouts.sampling_logp)
             return update(rollouts, advantages, old_logp, ref_logp, total_steps=total_steps)
 

@@ -9,9 +9,10 @@ import numpy as np
 from mindgrpo.models.prompt_images import VisionBatch
 
 
-@dataclass
+@dataclass(frozen=True)
 class RolloutBatch:
-    """One step's batch on this rank, prompt-major: completion i belongs to prompt i // num_generations."""
+    """One step's batch on this rank, prompt-major: completion i belongs to prompt i // num_generations. A value: a
+    changed batch is a new one (``dataclasses.replace``)."""
     prompt_ids: np.ndarray       # int32 [B, P]: each prompt once, left-padded to a bucket P
     prompt_mask: np.ndarray      # int32 [B, P]: 1 on real prompt tokens
     completion_ids: np.ndarray   # int32 [N, T]: right-padded, N = B x num_generations
@@ -30,11 +31,11 @@ class RolloutBatch:
     """int32 [N, T]: 1 on the tool responses a multi-turn rollout appended (the model reads them, it did not sample
     them); None: every completion token is the model's."""
 
-    def __post_init__(self) -> None:
-        self.truncated = np.zeros(len(self.completion_ids), bool) if self.truncated is None else \
-            np.asarray(self.truncated, bool)
-        self.in_loss = np.ones(len(self.completion_ids), bool) if self.in_loss is None else \
-            np.asarray(self.in_loss, bool)
+    def __post_init__(self) -> None:  # None: every row, as the arrays they stand for
+        object.__setattr__(self, "truncated", np.zeros(len(self.completion_ids), bool) if self.truncated is None
+                           else np.asarray(self.truncated, bool))
+        object.__setattr__(self, "in_loss", np.ones(len(self.completion_ids), bool) if self.in_loss is None
+                           else np.asarray(self.in_loss, bool))
 
     @property
     def loss_mask(self) -> np.ndarray:
