@@ -110,7 +110,7 @@ def patch_bucket(patches: int) -> int:
     return max(64, 1 << (int(patches) - 1).bit_length())
 
 
-@dataclass
+@dataclass(frozen=True)
 class VisionBatch:
     """A step's Qwen2.5-VL prompts as the training forwards read them (prompt-major, like ``RolloutBatch``)."""
     positions: np.ndarray       # int32 [3, B, P]: M-RoPE positions of the left-padded prompts
