@@ -36,7 +36,7 @@ def test_vl_demo_folder_is_built_once_and_a_foreign_folder_refused(tmp_path):
     """Built aside and stamped (no warm start here), found again without rebuilding, rebuilt when a file is
     damaged, and a folder that is not a VL demo is refused and left as it was."""
     from mindgrpo.apps import demo_vl
-    from mindgrpo.apps.demo._files import STAMP
+    from mindgrpo.stamped import STAMP
 
     built = demo_vl.make_vl_demo(tmp_path / "demo", warm_start_steps=0)
     assert (built.model_dir / "config.json").is_file() and built.dataset_file.is_file()
