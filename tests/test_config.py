@@ -124,6 +124,9 @@ NO_EFFECT = [  # overrides -> the one warning they raise
      r"generate_config.backend is native; remove it"),
     (["rl_config.max_tool_turns=8"], r"^rl_config.max_tool_turns = 8 has no effect: rl_config.tools is empty"),
     (["rl_config.tool_sandbox=process"], r"^rl_config.tool_sandbox = 'process' has no effect: rl_config.tools is empty"),
+    (["rl_config.tool_sandbox=remote"], r"^rl_config.tool_sandbox = 'remote' has no effect: rl_config.tools is empty"),
+    (["rl_config.tool_sandbox_url=http://sandbox:8080/run_code"],  # with tool_sandbox bwrap: no tools, no refusal
+     r"^rl_config.tool_sandbox_url = 'http://sandbox:8080/run_code' has no effect: rl_config.tools is empty"),
     (["rl_config.epochs=3", "rl_config.max_steps=10"],
      r"^rl_config.epochs = 3 has no effect: rl_config.max_steps = 10 sets the run's length; remove epochs"),
     (["actor_config.lora_alpha=32"], r"^actor_config.lora_alpha = 32.0 has no effect: actor_config.lora_rank is 0"),

@@ -5,7 +5,10 @@ runs the python tool (a training run's preflight, ``mindgrpo eval``, the tool ru
 import ast
 import os
 import re
+import signal
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +16,7 @@ import pytest
 
 from mindgrpo.config import ConfigError, GRPOConfig
 from mindgrpo.tools import SandboxLimits, ToolCall, ToolRunner, ToolSpecError, resolve_tools, run_python, sandbox_for
+from mindgrpo.tools import bwrap, interpreter
 from mindgrpo.tools.bwrap import BWRAP_ENV, ENV, SANDBOX_UID, SCRATCH, find_bwrap
 from mindgrpo.tools.seccomp import ARCHES, CLONE_THREAD, DENIED, program
 
@@ -137,6 +141,65 @@ def test_the_configured_sandbox_travels_with_the_tool_into_its_worker_processes(
             assert runner.run([ToolCall("python", {"code": "import os\nos.getuid()"})])[0].text == str(uid), mode
         finally:
             runner.close()
+
+
+def _bwrap_script(tmp_path, monkeypatch, body: str) -> Path:
+    """``$MINDGRPO_BWRAP``: a shell script (``$REAL``: this machine's bwrap)."""
+    script = tmp_path / "bwrap"
+    script.write_text(f"#!/bin/sh\nREAL='{find_bwrap()[0]}'\n{body}\n")
+    script.chmod(0o755)
+    monkeypatch.setenv(BWRAP_ENV, str(script))
+    return script
+
+
+def test_one_deadline_holds_for_the_whole_call_bwraps_start_included(tmp_path, monkeypatch):
+    """A bwrap slow to make the namespace (here 4 s late) spends the call's wall time, not time on top of it."""
+    _bwrap_script(tmp_path, monkeypatch, 'sleep 4\nexec "$REAL" "$@"')
+    start = time.monotonic()
+    result = run_python("import time\ntime.sleep(60)", SandboxLimits(wall_seconds=6))
+    assert result.text() == "[killed: time limit]"
+    assert time.monotonic() - start < 6 + 3  # 10 s when the wait for the namespace came first
+
+
+def test_killing_a_namespace_whose_pid_1_is_gone_still_kills_and_reaps_bwrap():
+    """Code that ends right at the deadline: its PID 1 has exited and bwrap reaped it when the kill comes. That is no
+    error, and bwrap (a stand-in here, still running) is killed and reaped, its pipe closed."""
+    gone = subprocess.Popen(["true"])
+    init = os.pidfd_open(gone.pid)
+    gone.wait()  # exited and reaped, as bwrap reaps its PID 1
+    stand_in = interpreter.start([sys.executable, "-c", "import time\ntime.sleep(60)"], "", env={})
+    try:
+        _, timed_out, _ = interpreter.collect(stand_in, SandboxLimits(wall_seconds=0.5),
+                                              kill=lambda p: bwrap._kill(init, p))
+    finally:
+        os.close(init)
+        if stand_in.returncode is None:
+            interpreter.kill_session(stand_in)
+            stand_in.wait()
+    assert timed_out and stand_in.returncode == -signal.SIGKILL and stand_in.stdout.closed
+
+
+def test_a_refusal_is_not_remembered_once_the_kernel_allows_namespaces(refusing_kernel, monkeypatch):
+    """A problem is probed again at the next check (it may have passed: a probe slowed past its wall time, no
+    descriptors left); a success is probed once per process."""
+    refusal = refusing_kernel.read_text()
+    with monkeypatch.context() as here:
+        here.delenv(BWRAP_ENV)
+        real, _ = find_bwrap()
+    sandbox = sandbox_for("bwrap")
+    assert "cannot start the sandbox on this machine" in sandbox.problem()
+    refusing_kernel.write_text(f"#!/bin/sh\nexec '{real}' \"$@\"\n")  # the same binary, the namespaces allowed
+    assert sandbox.problem() == ""
+    refusing_kernel.write_text(refusal)
+    assert sandbox.problem() == ""
+
+
+def test_describe_does_not_wait_for_a_bwrap_that_never_answers(tmp_path, monkeypatch):
+    _bwrap_script(tmp_path, monkeypatch, "exec sleep 60")
+    monkeypatch.setattr(bwrap, "VERSION_SECONDS", 0.5)
+    start = time.monotonic()
+    assert "no answer to --version within 0.5 s" in sandbox_for("bwrap").describe()
+    assert time.monotonic() - start < 30
 
 
 # ------------------------------------------------------------------------------------------------ seccomp

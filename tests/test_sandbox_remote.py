@@ -150,3 +150,37 @@ def test_the_run_checks_the_service_before_it_starts(service):
     config.rl_config.tool_sandbox = "bwrap"
     with pytest.raises(ConfigError, match="rl_config.tool_sandbox_url is set but rl_config.tool_sandbox = bwrap"):
         validate(config, check_paths=False)
+
+
+def test_the_config_and_the_sandbox_read_the_url_alike(service):
+    """One check of the URL (mindgrpo.config.validate.sandbox_url_problem) for the config and for the sandbox that
+    mindgrpo eval --tool-sandbox-url makes: a URL one accepts the other does not refuse."""
+    config = GRPOConfig()
+    config.rl_config.tools = ["python"]
+    config.rl_config.tool_sandbox = "remote"
+    host = service.url.split("://", 1)[1]
+    for url, usable in (("", False), ("sandbox:8080/run_code", False), ("ftp://sandbox/run_code", False),
+                        ("http://", False), ("http://[::1/run_code", False), (f"HTTP://{host}", True)):
+        config.rl_config.tool_sandbox_url = url
+        try:
+            validate(config, check_paths=False)
+            config_problem = ""
+        except ConfigError as err:
+            config_problem = str(err)
+        sandbox_problem = sandbox_for("remote", url).problem()
+        assert (config_problem == "") == (sandbox_problem == "") == usable, (url, config_problem, sandbox_problem)
+        if not usable:
+            assert "needs the service's http(s) /run_code URL" in config_problem, config_problem
+            assert sandbox_problem.startswith("needs the service's http(s) /run_code URL"), sandbox_problem
+
+
+def test_a_failed_check_of_the_service_is_not_remembered(service):
+    """A service that was down (starting, restarting) when a check ran passes the next one; one that answered is
+    checked once per process."""
+    sandbox = sandbox_for("remote", service.url + "?restarting")
+    service.behaviour = "http 500"
+    assert "answered HTTP 500" in sandbox.problem()
+    service.behaviour = "run"
+    assert sandbox.problem() == ""
+    service.behaviour = "http 500"
+    assert sandbox.problem() == ""

