@@ -176,10 +176,11 @@ def final_answer_reward(completion: str, gold: str = "", **_context: object) -> 
     """1.0 iff the completion states a final answer `accuracy_reward` can read (the last `#### …` line,
     `\\boxed{…}` or `<answer>…</answer>`, `extract_answer_text`), whatever its value, else 0.0.
 
-    A completion cut at `max_tokens` before its answer scores 0 here: with a small weight beside accuracy it is
-    the signal that teaches a model to finish within the budget, which accuracy alone gives only through the rare
-    completions that are both short and right. Its weight must stay well below accuracy's, so that a short wrong
-    answer never beats a right one.
+    A completion cut at `max_tokens` before its answer scores 0 here, so beside accuracy it rewards finishing within
+    the budget. It also rewards stopping early with a wrong answer, and a model may take that shortcut: on
+    Qwen2.5-Coder-0.5B-Instruct with 256 new tokens, weight 0.2 beside accuracy's 1.0 halved the truncated answers
+    in 8 steps and left held-out accuracy where it was (docs/real_qwen.md). Accuracy alone rewards only answers
+    that are both finished and right.
     """
     return 1.0 if isinstance(completion, str) and extract_answer_text(completion) is not None else 0.0
 
