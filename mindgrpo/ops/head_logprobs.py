@@ -14,22 +14,16 @@ multiply. A trained head (full-parameter training: ``lm_head`` or the tied embed
 logits in the backward for its own gradient; a frozen one (LoRA's backbone) needs nothing more. The entropy is a
 metric here, without gradient (the entropy bonus, ``rl_config.entropy_coef``, takes the plain path).
 
-CPU and float32 only (the kernel calls the oneDNN GEMM MindSpore's CPU build ships); :func:`fused_head_available`
-says where it runs, and ``actor_config.head_impl: plain`` turns it off.
+CPU and float32 only (the kernel calls the oneDNN GEMM MindSpore's CPU build ships); ``Derived.fused_head`` says
+where it runs, and ``actor_config.head_impl: plain`` turns it off.
 """
 from __future__ import annotations
 
 import functools
 
-import mindspore as ms
 from mindspore import Tensor, ops
 
 from mindgrpo.ops import build
-
-
-def fused_head_available(device_target: str, dtype) -> bool:
-    """Whether the kernel can run a head whose weight (and hidden states) are in ``dtype`` on ``device_target``."""
-    return device_target == "CPU" and dtype == ms.float32
 
 
 def _scoring_shapes(hidden, weight, ids, inv_temp):
@@ -55,7 +49,8 @@ def _primitive(mode: str) -> ops.Custom:
         # Only the log-probs carry a gradient (dout[0]); the entropy is a metric, lse and J are internal. A row's
         # log-prob depends on its own hidden state only: its gradient is g * J, J from the forward.
         d_hidden = dout[0].reshape((-1, 1)) * out[3]
-        # A frozen head gets zeros, which GRAPH mode prunes: nothing asks for its gradient.
+        # A frozen head gets zeros, which GRAPH mode prunes (nothing asks for its gradient); PyNative makes them, a
+        # [V, H] transient per backward, which is one reason real models train in GRAPH mode.
         d_weight = (weight_grad(hidden, weight, ids, inv_temp, out[2], dout[0]) if mode == "train_head"
                     else ops.zeros_like(weight))
         return d_hidden, d_weight, ops.zeros_like(ids), ops.zeros_like(inv_temp)
@@ -79,5 +74,7 @@ def head_logprobs(hidden: Tensor, weight: Tensor, ids: Tensor, inv_temp: Tensor,
         inv_temp: float32 ``[1]``, 1 / the sampling temperature.
         mode: one of :data:`MODES`.
     """
+    if mode not in MODES:  # another name would quietly give a frozen head's (zero) gradient
+        raise ValueError(f"head_logprobs mode={mode!r}: expected one of {', '.join(MODES)}")
     outputs = _primitive(mode)(hidden, weight, ids, inv_temp)
     return outputs[0], outputs[1]

@@ -87,7 +87,7 @@ class ModelWorker:
         self.pack_rows = derived.packed_rows  # rows of max_tokens per packed forward; 0: padded micro-batches
         actor_forward = completion_forward(self.actor, config, backward=True)
         # One pass over rollouts sampled by the current weights: the old log-probs are the detached current ones.
-        on_policy = rl.num_iterations == 1 and rl.steps_per_generation == 1
+        on_policy = derived.on_policy
         loss_cell = (PackedLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy)
                      if self.pack_rows else
                      GRPOLossCell(actor_forward, sampling.temperature, self.settings, on_policy=on_policy,
@@ -224,7 +224,7 @@ class ModelWorker:
         and optimizer state are untouched. Every micro-batch of a prompt width has one shape, padded or packed."""
         if self._ref_logprobs is not None:
             self.reference_logprobs(rollouts)
-        if self.config.rl_config.num_iterations > 1 or self.config.rl_config.steps_per_generation > 1:
+        if not Derived(self.config).on_policy:
             self.actor_logprobs(rollouts)
         zeros = np.zeros(rollouts.completion_mask.shape, np.float32)
         batch, _ = next(self._loss_batches(rollouts, zeros[:, 0], zeros, zeros, zeros, global_tokens=1.0))

@@ -22,11 +22,11 @@ import mindspore as ms
 from mindspore import ParameterTuple, Tensor, nn, ops
 
 from mindgrpo.algorithm import LossConfig, grpo_loss, token_entropy, token_logprobs
-from mindgrpo.config import GRPOConfig
+from mindgrpo.config import Derived, GRPOConfig
 from mindgrpo.models.passes import ModelPass
 from mindgrpo.models.qwen2 import Qwen2Model
 from mindgrpo.parallel.groups import DistInfo
-from mindgrpo.ops.head_logprobs import MODES as HEAD_MODES, fused_head_available, head_logprobs
+from mindgrpo.ops.head_logprobs import MODES as HEAD_MODES, head_logprobs
 from mindgrpo.parallel.layers import parallel_token_entropy, parallel_token_logprobs
 from mindgrpo.parallel.layout import TPLayout
 from mindgrpo.train.step_batch import pass_inputs
@@ -108,14 +108,11 @@ def completion_forward(model: Qwen2Model, config: GRPOConfig, backward: bool = F
 
 
 def fused_head_applies(model: Qwen2Model, config: GRPOConfig, backward: bool) -> bool:
-    """Whether ``actor_config.head_impl: fused`` runs for this model's passes: a float32 head computed in float32
-    on CPU, one tensor-parallel rank (the vocabulary-parallel log-softmax has its own path), and for a training
-    forward no entropy bonus (the kernel's entropy has no gradient)."""
-    head = model.lm_head.weight
-    return (config.actor_config.head_impl == "fused" and model.layout.tp == 1
-            and model.compute_dtype == "float32"
-            and fused_head_available(ms.get_context("device_target"), head.dtype)
-            and not (backward and config.rl_config.entropy_coef > 0))
+    """Whether ``actor_config.head_impl: fused`` runs for this built model's passes (:meth:`Derived.fused_head`, asked
+    with the model's own compute and head dtypes and layout)."""
+    return Derived(config).fused_head(ms.get_context("device_target"), compute_dtype=model.compute_dtype,
+                                      head_dtype=str(model.lm_head.weight.dtype).lower(),
+                                      model_parallel=model.layout.tp, backward=backward)
 
 
 def training_head_mode(forward: ModelPass) -> str:

@@ -311,8 +311,7 @@ class GRPOTrainer:
     def _old_logprobs(self, generation: Generation, timings: Dict[str, float]) -> Tuple[np.ndarray, ...]:
         """The sampling policy's log-probs of each step of ``generation``, taken once, before any update: the ratio
         of every later pass and step. Empty on-policy (one pass, one step: the loss detaches the current ones)."""
-        rl = self.config.rl_config
-        if rl.num_iterations == 1 and rl.steps_per_generation == 1:
+        if Derived(self.config).on_policy:
             return ()
         with _timed(timings, "timing/old_log_p"):
             return tuple(self.worker.actor_logprobs(generation.step(k)) for k in range(generation.steps))

@@ -23,17 +23,16 @@
 //   HeadLogProbs           (h[R,H], w[V,H], ids[R] int32, inv_temp[1]) -> logp[R], entropy[R], lse[R]
 //   HeadLogProbsTrain      (h[R,H], w[V,H], ids[R] int32, inv_temp[1]) -> logp[R], entropy[R], lse[R], J[R,H]
 //   HeadLogProbsGradWeight (h[R,H], w[V,H], ids[R] int32, inv_temp[1], lse[R], g[R]) -> dw[V,H]
-// Error codes: 1 tensor count, 2 shapes, 3 dtypes, 4 a target id outside [0, V), 5 out of memory.
+// Error codes: 1 tensor count, 2 shapes, 3 dtypes, 4 a target id outside [0, V), 5 out of memory, 6 oneDNN's GEMM
+// failed (its status is never dropped: garbage log-probs would train silently).
+// The row loops use OpenMP's threads (OMP_NUM_THREADS; all cores by default): a chunk is 64 rows of the vocabulary,
+// millions of elements, far past the size where waking a thread costs more than it saves.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 #include "kernel_common.h"
 
@@ -67,9 +66,11 @@ int check(int ndims[], int64_t *shapes[], const char *dtypes[], int inputs, Shap
   return 0;
 }
 
-// logits [n, V] = h[n, H] W^T, into `out`.
-inline void chunk_logits(const float *h, const float *w, const Shapes &s, int64_t n, float *out) {
-  dnnl_sgemm('N', 'T', n, s.vocab, s.hidden, 1.0f, h, s.hidden, w, s.hidden, 0.0f, out, s.vocab);
+constexpr int kGemmFailed = 6;
+
+// logits [n, V] = h[n, H] W^T, into `out`; oneDNN's status (0: success).
+inline int chunk_logits(const float *h, const float *w, const Shapes &s, int64_t n, float *out) {
+  return dnnl_sgemm('N', 'T', n, s.vocab, s.hidden, 1.0f, h, s.hidden, w, s.hidden, 0.0f, out, s.vocab);
 }
 
 // The row's log-sum-exp of z = x * inv_temp, and its entropy lse - sum_v p_v z_v, written as
@@ -132,12 +133,13 @@ int forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
   auto *lse = static_cast<float *>(params[6]);
   auto *jacobian = with_jacobian ? static_cast<float *>(params[7]) : nullptr;
   if (!ids_in_range(ids, s)) return 4;
+  if (s.rows == 0) return 0;
   std::vector<float> buffer = chunk_buffer(s);
   if (buffer.empty()) return 5;
   float *logits = buffer.data();
   for (int64_t start = 0; start < s.rows; start += kChunkRows) {
     const int64_t n = std::min(kChunkRows, s.rows - start);
-    chunk_logits(h + start * s.hidden, w, s, n, logits);
+    if (chunk_logits(h + start * s.hidden, w, s, n, logits) != 0) return kGemmFailed;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
       float *x = logits + r * s.vocab;
@@ -146,9 +148,9 @@ int forward(int nparam, void **params, int *ndims, int64_t **shapes, const char 
       if (jacobian != nullptr) row_grad(x, s.vocab, ids[start + r], inv_temp, lse[start + r], 1.0f);
     }
     // J [n, H] = (onehot - p) [n, V] W [V, H] * inv_temp (the scale is in the buffer)
-    if (jacobian != nullptr) {
-      dnnl_sgemm('N', 'N', n, s.hidden, s.vocab, 1.0f, logits, s.vocab, w, s.hidden, 0.0f,
-                 jacobian + start * s.hidden, s.hidden);
+    if (jacobian != nullptr && dnnl_sgemm('N', 'N', n, s.hidden, s.vocab, 1.0f, logits, s.vocab, w, s.hidden, 0.0f,
+                                          jacobian + start * s.hidden, s.hidden) != 0) {
+      return kGemmFailed;
     }
   }
   return 0;
@@ -179,19 +181,25 @@ extern "C" int HeadLogProbsGradWeight(int nparam, void **params, int *ndims, int
   const auto *g = static_cast<const float *>(params[5]);
   auto *dw = static_cast<float *>(params[6]);
   if (!ids_in_range(ids, s)) return 4;
+  if (s.rows == 0) {  // no row: no gradient
+    std::fill(dw, dw + s.vocab * s.hidden, 0.0f);
+    return 0;
+  }
   std::vector<float> buffer = chunk_buffer(s);
   if (buffer.empty()) return 5;
   float *logits = buffer.data();
   for (int64_t start = 0; start < s.rows; start += kChunkRows) {
     const int64_t n = std::min(kChunkRows, s.rows - start);
-    chunk_logits(h + start * s.hidden, w, s, n, logits);
+    if (chunk_logits(h + start * s.hidden, w, s, n, logits) != 0) return kGemmFailed;
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < n; ++r) {
       row_grad(logits + r * s.vocab, s.vocab, ids[start + r], inv_temp, lse[start + r], g[start + r]);
     }
     // dW [V, H] (+)= dz^T [V, n] h [n, H]
-    dnnl_sgemm('T', 'N', s.vocab, s.hidden, n, 1.0f, logits, s.vocab, h + start * s.hidden, s.hidden,
-               start == 0 ? 0.0f : 1.0f, dw, s.hidden);
+    if (dnnl_sgemm('T', 'N', s.vocab, s.hidden, n, 1.0f, logits, s.vocab, h + start * s.hidden, s.hidden,
+                   start == 0 ? 0.0f : 1.0f, dw, s.hidden) != 0) {
+      return kGemmFailed;
+    }
   }
   return 0;
 }
