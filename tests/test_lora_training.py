@@ -81,18 +81,20 @@ def test_checkpoints_are_peft_folders_and_resume_exactly(lora_run, tmp_path, dem
 def test_stale_adapters_in_the_rollout_stop_the_run(tmp_path, monkeypatch, demo_prompts, demo_plain):
     """Break the sync on purpose: the rollout engine decodes with copies of the adapters taken at the start. The
     gap check sees the rollout sample another policy at step 2 and stops the run naming the sync."""
-    from mindgrpo.models.qwen2_blocks import Qwen2Weights
     from mindgrpo.rollout.backends import native
     from mindgrpo.train.trainer import GRPOTrainer, TrainingError
 
-    class StaleAdapters(Qwen2Weights):
-        def __init__(self, model, adapters=True):
-            super().__init__(model, adapters)
-            fresh = {id(p) for p in adapter_parameters(model).values()}
-            self.params = ParameterTuple([Parameter(p.value().copy(), name=f"stale.{p.name}", requires_grad=False)
-                                          if id(p) in fresh else p for p in self.params])
+    built = native.NativeRolloutEngine.__init__
 
-    monkeypatch.setattr(native, "Qwen2Weights", StaleAdapters)
+    def with_stale_adapters(engine, actor, **options):
+        """The engine as built, then its adapters swapped for copies that no update reaches."""
+        built(engine, actor, **options)
+        fresh = {id(p) for p in adapter_parameters(actor).values()}
+        engine.weights.params = ParameterTuple([
+            Parameter(p.value().copy(), name=f"stale.{p.name}", requires_grad=False) if id(p) in fresh else p
+            for p in engine.weights.params])
+
+    monkeypatch.setattr(native.NativeRolloutEngine, "__init__", with_stale_adapters)
     trainer = GRPOTrainer(lora_config(tmp_path / "run", demo_prompts, demo_plain, max_steps=3))
     with pytest.raises(TrainingError, match="step 2: .*sync of the LoRA adapters to the rollout engine"):
         trainer.train()

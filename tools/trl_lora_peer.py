@@ -4,8 +4,8 @@
 
 It runs in TRL's own interpreter (`bash tools/make_trl_venv.sh trlenv`; TRL 1.16 needs transformers 5, mindgrpo's
 environment pins 4.57.1); `tools/bench_real_qwen.py` starts it. It imports no MindSpore: the reward is mindgrpo's
-own `accuracy_reward` and `final_answer_reward` (pure Python) with the recipe's weights, so both frameworks score
-completions with the same functions. The prompts
+own `accuracy_reward` (pure Python), the recipe's one reward, so both frameworks score completions with the same
+function. The prompts
 come as a jsonl of `{"prompt": rendered text, "gold": answer}` rows, the first `steps x prompts_per_step` prompts
 of mindgrpo's run for the same seed, and TRL reads them in that order (`shuffle_dataset=False`): every step of both
 runs sees the same prompts.
@@ -30,7 +30,6 @@ from pathlib import Path
 from benchlib import cpu_model  # numpy-only modules beside this script: no MindSpore
 from trl_peer import PhaseTimer, step_edges
 
-REWARD_WEIGHTS = [1.0, 0.2]  # the recipe's reward_config.verifier_weight: accuracy, final answer
 TARGET_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
@@ -39,13 +38,6 @@ def accuracy(completions, gold, **_):
     from mindgrpo.rewards.verifiers import accuracy_reward
 
     return [accuracy_reward(text, answer) for text, answer in zip(completions, gold)]
-
-
-def final_answer(completions, **_):
-    """mindgrpo's final_answer_reward: 1 when the completion states an answer accuracy_reward can read."""
-    from mindgrpo.rewards.verifiers import final_answer_reward
-
-    return [final_answer_reward(text) for text in completions]
 
 
 def main(argv=None) -> int:
@@ -83,13 +75,13 @@ def main(argv=None) -> int:
         per_device_train_batch_size=args.prompts_per_step * args.num_generations, gradient_accumulation_steps=1,
         num_generations=args.num_generations, max_completion_length=args.max_completion_length,
         temperature=args.temperature, top_p=1.0, top_k=0, beta=0.0, loss_type="dapo", scale_rewards="group",
-        reward_weights=REWARD_WEIGHTS, num_iterations=1, learning_rate=args.learning_rate,
+        num_iterations=1, learning_rate=args.learning_rate,
         lr_scheduler_type="constant", weight_decay=0.0,
         max_grad_norm=1.0, shuffle_dataset=False, use_vllm=False, bf16=False, fp16=False, use_cpu=True,
         gradient_checkpointing=True, logging_steps=1, report_to=[], disable_tqdm=True, save_strategy="no")
     lora = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
                            target_modules=TARGET_MODULES, task_type="CAUSAL_LM")
-    trainer = GRPOTrainer(model=args.model, reward_funcs=[accuracy, final_answer], args=config,
+    trainer = GRPOTrainer(model=args.model, reward_funcs=accuracy, args=config,
                           train_dataset=dataset, peft_config=lora)
     timer = PhaseTimer()
     trainer.add_callback(step_edges(timer, TrainerCallback))
