@@ -62,8 +62,9 @@ class Qwen2Spec:
 
     @property
     def is_vl(self) -> bool:
-        """Qwen2.5-VL's language model (``model_type`` in :data:`VL_MODEL_TYPES`, the one place that decides): M-RoPE
-        positions and image tokens, and a vision tower beside it in the folder."""
+        """Qwen2.5-VL's language model: M-RoPE positions and image tokens, and a vision tower beside it in the folder.
+        :func:`qwen2_spec` gives a spec an ``mrope_section`` exactly when ``model_type`` is in
+        :data:`VL_MODEL_TYPES`, the one place that decides."""
         return bool(self.mrope_section)
 
 

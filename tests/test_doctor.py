@@ -96,6 +96,16 @@ def test_decode_kernels_check_fails_without_a_compiler_and_names_the_switch(tmp_
     assert "CPU only" in doctor.check_decode_kernels("Ascend").detail
 
 
+def test_head_kernel_check_runs_it_and_fails_without_a_compiler_naming_the_switch(tmp_path, monkeypatch):
+    assert doctor.check_head_kernel("CPU").status == "ok"
+    monkeypatch.setenv("MINDGRPO_CACHE", str(tmp_path))  # nothing compiled yet
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    check = doctor.check_head_kernel("CPU")
+    assert check.status == "FAIL" and "not found" in check.detail and "head_impl=plain" in check.fix
+    assert doctor.check_head_kernel("CPU", head_impl="plain").status == "info"
+    assert "CPU only" in doctor.check_head_kernel("Ascend").detail
+
+
 def test_busy_port_fails_with_a_free_suggestion(capsys):
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -12,8 +12,8 @@ from safetensors.numpy import load_file, save_file
 
 from mindgrpo.models import CheckpointMismatchError, ModelConfigError
 from mindgrpo.models.safetensors_io import bf16_bits_to_f32, f32_to_bf16_bits
-from mindgrpo.models.vision import (Qwen2_5VisionTower, build_vision_tower, load_vision_weights, read_vision_spec,
-                                    vision_inputs, vision_parameters, vision_spec)
+from mindgrpo.hf_config import read_hf_config
+from mindgrpo.models.vision import Qwen2_5VisionTower, load_vision_weights, vision_inputs, vision_parameters, vision_spec
 from mindgrpo.models.weights import host_array
 
 TOL = 1e-4
@@ -23,6 +23,17 @@ TOL = 1e-4
 def reference(vl_dir):
     ref = np.load(vl_dir / "reference.npz")
     return {key: ref[key] for key in ("pixel_values", "image_grid_thw", "image_embeds")}
+
+
+def read_vision_spec(folder):
+    return vision_spec(read_hf_config(folder), source=str(folder / "config.json"))
+
+
+def build_vision_tower(folder):
+    """The tower of a folder alone, with its weights (the model builds its own: build_model's model.vision)."""
+    tower = Qwen2_5VisionTower(read_vision_spec(folder))
+    load_vision_weights(tower, folder)
+    return tower
 
 
 @pytest.fixture(scope="module")

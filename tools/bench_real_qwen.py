@@ -18,8 +18,8 @@ warm-up), wall time to the last step, peak RSS (the process's own, from wait4), 
 then each framework's mean and the seed-to-seed spread, and the targets: mindgrpo's accuracy no lower than TRL's by
 more than the spread, its wall time at most 0.67x TRL's, its peak RSS at most TRL's.
 
-    python tools/bench_real_qwen.py --vs-trl trlenv/bin/python --gsm8k gsm8k/ --steps 8 --seeds 0 1 \\
-        --out docs/real_qwen/side_by_side
+    python tools/bench_real_qwen.py --vs-trl trlenv/bin/python --dataset-file data/gsm8k_train.mindrecord \\
+        --gsm8k gsm8k/ --steps 8 --seeds 0 1 --out runs/side_by_side
 """
 from __future__ import annotations
 
@@ -27,31 +27,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
 from benchlib import cpu_model
-from user_path import run_user_path
+from user_path import run_measured, run_user_path
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "examples" / "grpo" / "qwen2_5_coder_0_5b_lora_gsm8k.yaml"
 PROMPTS_PER_STEP = 4
 WALL_TARGET = 0.67
-
-
-def run_measured(cmd: List[str], log: Path, env: Dict[str, str] = None) -> Dict:
-    """Run ``cmd`` to its end with its output in ``log``: its wall seconds and its own peak RSS (wait4's)."""
-    start = time.perf_counter()
-    with open(log, "w") as out:
-        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env or os.environ.copy())
-        _, status, usage = os.wait4(child.pid, 0)
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:3])} ... failed (exit {child.returncode}); see {log}")
-    return {"wall_s": round(time.perf_counter() - start, 1), "peak_rss_gib": round(usage.ru_maxrss / 2 ** 20, 2)}
 
 
 def ordered_prompts(dataset_file: Path, seed: int, count: int) -> List[Dict[str, str]]:
@@ -74,8 +60,7 @@ def mindgrpo_run(args, seed: int, out: Path) -> Dict:
                  f"rl_config.save_ckpt_interval={args.steps}"]
     result = run_user_path(RECIPE, overrides, run_dir, out / f"mindgrpo-seed{seed}.log",
                            completions=PROMPTS_PER_STEP * 8, warmup=0)
-    metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line]
-    steps = [m["timing/all"] for m in metrics]
+    steps = [m["timing/all"] for m in result["metrics"]]
     return {"wall_s": result["wall_s"], "peak_rss_gib": round(result["peak_rss_mib"] / 1024, 2),
             "framework": "mindgrpo", "seed": seed, "model": str(run_dir),
             "median_step_s": round(statistics.median(steps[1:] or steps), 1), "rewards": result["rewards"]}
@@ -91,6 +76,7 @@ def trl_run(args, seed: int, out: Path) -> Dict:
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     log = out / f"trl-seed{seed}.log"
     measured = run_measured(cmd, log, env)
+    measured["peak_rss_gib"] = round(measured.pop("peak_rss_mib") / 1024, 2)
     result = json.loads([line for line in log.read_text().splitlines() if line.startswith("{")][-1])
     return {**measured, "framework": "trl", "seed": seed, "model": str(adapter),
             "median_step_s": result["median_step_s"], "rewards": [round(r, 4) for r in result["rewards"]],

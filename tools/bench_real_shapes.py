@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
 import os
 import shutil
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List
 
@@ -137,6 +137,7 @@ class UserPathRun:
         shutil.rmtree(self.output_dir, ignore_errors=True)
         result = run_user_path(self.config_file, [], self.output_dir, self.output_dir.with_suffix(".log"),
                                completions=self.completions, warmup=warmup)
+        result.pop("metrics")  # the table's figures are the medians beside it
         layout = plan_layouts(self.config, 1, 1 << 50, read_hf_config(self.config.actor_config.load),
                               device="cpu")["layouts"][0]
         return {**result, "framework": "mindgrpo", "planned_rss_mib": round(layout["bytes"]["total"] / 2 ** 20),

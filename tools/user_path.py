@@ -15,28 +15,34 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, List, Optional, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN = REPO / "examples" / "grpo" / "main.py"
 
 
+def run_measured(cmd: Sequence[str], log: Path, env: Optional[Dict[str, str]] = None) -> Dict:
+    """Run ``cmd`` to its end, its output in ``log``: its wall seconds and its own peak RSS (``wait4``'s, not the
+    largest of every child this process ever waited for)."""
+    start = time.perf_counter()
+    with open(log, "w") as out:
+        child = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(child.pid, 0)
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {child.returncode}); see {log}")
+    return {"wall_s": round(time.perf_counter() - start, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+
+
 def run_user_path(config: Path, overrides: Sequence[str], output_dir: Path, log: Path, *, completions: int,
                   warmup: int = 1) -> Dict:
     """Train with ``config`` and ``overrides`` (``group.key=value``, flags) into ``output_dir``; the run's wall
-    seconds, peak RSS and per-step figures (medians over the steps after the first ``warmup``; ``completions``: a
-    step's completions, batch_size x num_generations)."""
+    seconds, peak RSS, its metrics lines (``metrics``) and per-step figures (medians over the steps after the first
+    ``warmup``; ``completions``: a step's completions, batch_size x num_generations)."""
     cmd = [sys.executable, str(MAIN), "--config", str(config), *overrides, f"rl_config.output_dir={output_dir}"]
-    start = time.perf_counter()
-    with open(log, "w") as out:
-        child = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {os.waitstatus_to_exitcode(status)}); see {log}")
+    measured = run_measured(cmd, log)
     steps = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line]
-    return {"wall_s": round(wall, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "steps": len(steps),
-            **step_figures(steps[warmup:] or steps, completions)}
+    return {**measured, "steps": len(steps), "metrics": steps, **step_figures(steps[warmup:] or steps, completions)}
 
 
 def step_figures(steps: List[Dict], completions: int) -> Dict:

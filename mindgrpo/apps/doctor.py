@@ -218,6 +218,43 @@ def check_decode_kernels(target: str, decode_impl: str = "fused", backend: str =
     return Check("ok", "decode kernels", f"CPU kernels run, RMSNorm matches numpy ({diff:.1e}); {library}")
 
 
+def check_head_kernel(target: str, head_impl: str = "fused") -> Check:
+    """Compile (or find in the cache) the fused vocabulary head, which links MindSpore's own oneDNN, and run its
+    log-probs against numpy's log-softmax."""
+    if head_impl != "fused" or target != "CPU":
+        reason = "actor_config.head_impl=plain" if head_impl != "fused" else f"{target} (it is CPU only)"
+        return Check("info", "head kernel", f"not used with {reason}")
+    import numpy as np
+
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from mindgrpo.ops import KernelBuildError, build_cpu_kernel
+    from mindgrpo.ops.build import HEAD_LOGPROBS_SOURCE
+    from mindgrpo.ops.head_logprobs import head_logprobs
+
+    fix = "install g++ (apt-get install g++) and run python -m mindgrpo.ops, or set actor_config.head_impl=plain"
+    rng = np.random.default_rng(0)
+    hidden, weight = rng.normal(size=(5, 16)).astype(np.float32), rng.normal(size=(300, 16)).astype(np.float32)
+    ids = rng.integers(0, 300, 5).astype(np.int32)
+    previous_mode = ms.get_context("mode")
+    try:
+        library = build_cpu_kernel(HEAD_LOGPROBS_SOURCE)
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        ours, _ = head_logprobs(Tensor(hidden), Tensor(weight), Tensor(ids), Tensor([1.0], ms.float32), "score")
+        logits = hidden @ weight.T
+        top = logits.max(1, keepdims=True)
+        reference = (logits - top - np.log(np.exp(logits - top).sum(1, keepdims=True)))[np.arange(5), ids]
+        diff = float(np.abs(ours.asnumpy() - reference).max())
+    except (KernelBuildError, RuntimeError, TypeError, ValueError) as err:
+        return Check("FAIL", "head kernel", f"does not build or run: {str(err).splitlines()[0]}", fix)
+    finally:
+        ms.set_context(mode=previous_mode)
+    if diff > 1e-4:
+        return Check("FAIL", "head kernel", f"runs but its log-probs differ from numpy by {diff:.2e}", fix)
+    return Check("ok", "head kernel", f"CPU kernel runs (oneDNN GEMM), log-probs match numpy ({diff:.1e}); {library}")
+
+
 def check_fused_op(target: str, runs_fused: bool = True) -> Check:
     """Compile (or find in the cache) the fused loss kernel, run it once and compare it with the plain ops.
     ``runs_fused``: whether the run's loss uses the kernel (``LossConfig.runs_fused``); a broken kernel is only
@@ -538,6 +575,7 @@ def iter_checks(config_path: Optional[str] = None, overrides: Sequence[str] = ()
     generate = config.generate_config if config else None
     yield check_decode_kernels(device, generate.decode_impl if generate else "fused",
                                generate.backend if generate else "native")
+    yield check_head_kernel(device, config.actor_config.head_impl if config else "fused")
     layout = config.actor_config.parallel_config if config else None
     world = workers or (layout.data_parallel * layout.model_parallel * layout.pipeline_stage if layout else 1)
     yield check_msrun(world)

@@ -253,7 +253,9 @@ class RewardConfig:
     """A control experiment, not a training setting: the rewards the advantages are computed from are randomly
     permuted across each batch's completions (the same values and mean, no relation to the completion), while the
     logged rewards stay the real ones. A run that still improves learned from something other than the reward
-    (Qwen2.5 is known to gain from spurious rewards on MATH); docs/real_qwen.md runs it beside the real recipe."""
+    (Qwen2.5 is known to gain from spurious rewards on MATH); docs/real_qwen.md runs it beside the real recipe.
+    DAPO's overlong penalty (rl_config.overlong_buffer_length) is added after the permutation, to each completion's
+    own length: a control of a run with that penalty keeps its length signal."""
 
 
 @dataclass

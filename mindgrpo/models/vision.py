@@ -31,7 +31,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
-from mindgrpo.hf_config import CONFIG_FILE, VL_MODEL_TYPES, ModelConfigError, check_dtype, read_hf_config
+from mindgrpo.hf_config import CONFIG_FILE, VL_MODEL_TYPES, ModelConfigError, check_dtype
 from mindgrpo.models.attention_bias import mask_bias
 from mindgrpo.models.safetensors_io import SafetensorsReader
 from mindgrpo.models.weights import VISION_PREFIXES, CheckpointMismatchError, checkpoint_files
@@ -110,11 +110,6 @@ def vision_spec(config: Mapping[str, Any], source: str = CONFIG_FILE) -> VisionS
     if bad:
         raise ModelConfigError(f"{source}: vision_config.fullatt_block_indexes {bad} are outside 0..{spec.depth - 1}")
     return spec
-
-
-def read_vision_spec(model_dir: PathLike) -> VisionSpec:
-    """The vision spec of ``<model_dir>/config.json`` (read as every config.json is: :func:`read_hf_config`)."""
-    return vision_spec(read_hf_config(model_dir), source=str(Path(model_dir) / CONFIG_FILE))
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -352,7 +347,7 @@ class Qwen2_5VisionTower(nn.Cell):
 
     ``construct(pixel_values, *vision_inputs(spec, image_grid_thw).tensors())`` is the graph (for callers that
     compile it inside a larger Cell); :meth:`embed_images` is the host-side call from ``pixel_values`` and
-    ``image_grid_thw``. Build it with weights via :func:`build_vision_tower`."""
+    ``image_grid_thw``. A Qwen2.5-VL folder's model holds one with its weights (``build_model(...).vision``)."""
 
     def __init__(self, spec: VisionSpec, dtype: str = "float32"):
         super().__init__()
@@ -444,12 +439,3 @@ def load_vision_weights(tower: nn.Cell, model_dir: PathLike) -> str:
         tensor = Tensor.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
         param.set_data(tensor if param.dtype == ms.float32 else tensor.astype(param.dtype))
     return prefix
-
-
-def build_vision_tower(model_dir: PathLike, dtype: str = "float32",
-                       spec: Optional[VisionSpec] = None) -> Qwen2_5VisionTower:
-    """The vision tower of an HF Qwen2.5-VL folder, with its weights (``spec`` defaults to config.json's)."""
-    tower = Qwen2_5VisionTower(spec or read_vision_spec(model_dir), dtype=dtype)
-    load_vision_weights(tower, model_dir)
-    return tower
-
