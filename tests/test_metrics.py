@@ -238,7 +238,7 @@ def test_metric_names_cover_the_standard_set():
     required = {"timing/all", "timing/rollout", "timing/reference_model", "timing/old_log_p", "timing/update",
                 "timing/weight_sync", "actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/pg_clipfrac",
                 "actor/ppo_kl", "grad_norm", "grpo/lr", "grpo/rewards/mean", "grpo/rewards/max", "grpo/rewards/min",
-                "e2e_tps", "update_tps", "rollout_tps"}
+                "e2e_tps", "update_tps", "rollout_tps", "memory/peak_rss_gib"}
     required |= {f"{kind}_length/{stat}" for kind in ("response", "prompt") for stat in ("mean", "max", "min")}
     assert set(METRIC_NAMES) == required and len(METRIC_NAMES) == len(required)
 

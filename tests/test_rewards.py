@@ -560,7 +560,7 @@ def test_resolve_verifier_unknown_name_did_you_mean(spec, suggestion):
     message = str(info.value)
     assert f"unknown verifier '{spec}'" in message
     assert f"Did you mean '{suggestion}'" in message
-    assert "Known verifiers: accuracy, accuracy_reward, format, format_reward" in message
+    assert "Known verifiers: accuracy, accuracy_reward, final_answer_reward, format, format_reward" in message
     assert "package.module:function" in message
 
 

@@ -67,6 +67,10 @@ def test_metrics_jsonl_and_tensorboard_have_every_metric(trained_run):
     assert not missing, missing
     assert all(np.isfinite(rows[-1][name]) for name in expected)
     assert rows[-1]["response_length/max"] <= 12 and rows[-1]["timing/all"] > 0
+    # the peak RSS is this process's (the trainer ran in it): at most the kernel's high-water mark, never falling
+    high_water_gib = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                          if line.startswith("VmHWM:")) / 2**20
+    assert 0.1 < rows[0]["memory/peak_rss_gib"] <= rows[1]["memory/peak_rss_gib"] <= high_water_gib
     assert rows[-1]["actor/kl_loss"] > 0  # two passes over each batch: the policy moved away from the reference
     events = list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert events and sum(e.stat().st_size for e in events) > 1000

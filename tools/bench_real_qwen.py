@@ -4,9 +4,9 @@
 Both frameworks train the same fetched folder (`mindgrpo fetch qwen2.5-coder-0.5b-instruct`) with the recipe
 `examples/grpo/qwen2_5_coder_0_5b_lora_gsm8k.yaml` for `--steps` steps per seed: the same prompts in the same
 order (the first steps x 4 prompts mindgrpo's run reads for that seed, handed to TRL with its shuffling off), the
-same template (gsm8k_hash), reward (mindgrpo's accuracy_reward, imported by the peer), LoRA settings (rank 16, alpha
-32, every linear, no dropout), batch (4 prompts x 8), lengths (256 new tokens), temperature (0.7), learning rate
-(5e-5, constant), beta 0, dapo loss, and the activations recomputed in the backward (mindgrpo's `recompute`,
+same template (gsm8k_hash), reward (mindgrpo's accuracy_reward, imported by the peer), LoRA settings (every linear, no
+dropout), batch, lengths, temperature and constant learning rate (all read from the recipe's yaml and passed to
+the peer), beta 0, dapo loss, and the activations recomputed in the backward (mindgrpo's `recompute`,
 TRL's gradient checkpointing). Each run is its own process, alone on the machine, timed from its start to its
 exit: building and compiling count. mindgrpo runs the user's path, `examples/grpo/main.py`, as a user would type it;
 TRL runs `tools/trl_lora_peer.py` in TRL's interpreter (`--vs-trl`, made by `tools/make_trl_venv.sh`).
@@ -66,13 +66,29 @@ def mindgrpo_run(args, seed: int, out: Path) -> Dict:
             "median_step_s": round(statistics.median(steps[1:] or steps), 1), "rewards": result["rewards"]}
 
 
+def recipe_settings() -> List[str]:
+    """The recipe's values as the peer's flags, read from the yaml: the two runs cannot drift apart when the recipe
+    changes."""
+    from mindgrpo.config import load_config
+
+    config = load_config(str(RECIPE))
+    rl, actor, sampling = config.rl_config, config.actor_config, config.generate_config.sampling_config
+    if rl.batch_size != PROMPTS_PER_STEP:
+        raise ValueError(f"{RECIPE}: rl_config.batch_size is {rl.batch_size}; the bench pairs prompts by "
+                         f"PROMPTS_PER_STEP = {PROMPTS_PER_STEP}: set both alike")
+    return ["--prompts-per-step", str(rl.batch_size), "--num-generations", str(rl.num_generations),
+            "--max-completion-length", str(sampling.max_tokens), "--temperature", str(sampling.temperature),
+            "--learning-rate", str(actor.lr_schedule.learning_rate), "--lora-rank", str(actor.lora_rank),
+            "--lora-alpha", str(actor.lora_alpha)]
+
+
 def trl_run(args, seed: int, out: Path) -> Dict:
     prompts = out / f"prompts-seed{seed}.jsonl"
     rows = ordered_prompts(args.dataset_file, seed, args.steps * PROMPTS_PER_STEP)
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     adapter = out / f"trl-seed{seed}" / "adapter"
     cmd = [args.vs_trl, str(REPO / "tools" / "trl_lora_peer.py"), "--model", str(args.model), "--prompts",
-           str(prompts), "--save", str(adapter), "--steps", str(args.steps), "--seed", str(seed)]
+           str(prompts), "--save", str(adapter), "--steps", str(args.steps), "--seed", str(seed), *recipe_settings()]
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     log = out / f"trl-seed{seed}.log"
     measured = run_measured(cmd, log, env)
@@ -133,7 +149,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     parser.add_argument("--eval-limit", type=int, default=200)
-    parser.add_argument("--eval-batch", type=int, default=200)
+    parser.add_argument("--eval-batch", type=int, default=64,
+                        help="sequences decoded together; 64 holds 6.6 GB on the 0.5B model, 200 passed 18 GB")
     parser.add_argument("--out", type=Path, required=True, help="folder for the runs, logs and the table")
     args = parser.parse_args(argv)
     if args.model is None:

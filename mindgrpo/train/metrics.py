@@ -46,6 +46,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "timing/old_log_p",            # seconds computing the rollout policy's log-probs
     "timing/update",               # seconds in forward/backward/optimizer
     "timing/weight_sync",          # seconds giving the rollout engine the trained weights
+    "memory/peak_rss_gib",         # the process's peak resident memory so far (GiB): what `plan --device cpu` predicts
     "actor/pg_loss",               # clipped policy-gradient (surrogate) loss
     "actor/kl_loss",               # KL(policy || reference) term, before the beta coefficient
     "actor/entropy",               # mean token entropy of the policy
@@ -102,6 +103,14 @@ _CONSOLE_FIELDS = (
     ("e2e_tps", "e2e_tps"),
 )
 _RESERVED = ("step", "time")
+
+
+def peak_rss_gib() -> float:
+    """The process's peak resident set so far, in GiB (Linux reports ``ru_maxrss`` in KiB, macOS in bytes)."""
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**30 if sys.platform == "darwin" else 2**20)
 
 
 def throughput_tps(prompt_tokens: float, response_tokens: float, num_prompts: int, num_samples: int,

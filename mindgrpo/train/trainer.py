@@ -55,7 +55,7 @@ from mindgrpo.rewards.scorer import VerifierError
 from mindgrpo.train import checkpoint as ckpt
 from mindgrpo.train import peers
 from mindgrpo.train.generation import Generation, Round, kept_groups
-from mindgrpo.train.metrics import MetricsLogger, throughput_tps
+from mindgrpo.train.metrics import MetricsLogger, peak_rss_gib, throughput_tps
 from mindgrpo.train.preflight import preflight
 from mindgrpo.train.rollout_batch import RolloutBatch
 from mindgrpo.train.run_lock import lock_output_dir
@@ -414,6 +414,7 @@ class GRPOTrainer:
             metrics[name] = throughput_tps(per_sample_prompt, per_sample_resp, prompts, rl.num_generations, world,
                                            timings[key])
         metrics["epoch"] = float(self.dataset.state_dict()["epoch"])
+        metrics["memory/peak_rss_gib"] = peak_rss_gib()
         return {k: float(v) for k, v in metrics.items()}
 
     def _tool_metrics(self, rollouts: RolloutBatch, generation: Generation, counted: float,
