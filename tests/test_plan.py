@@ -325,3 +325,20 @@ def test_lora_adapters_split_with_tensor_parallelism_and_32b_fits_8_devices(tmp_
     sizes = lora_sizes(QWEN2_5_32B, r, targets, 2)
     assert parts["gradients"] == 4 * sum(sizes)
     assert 8 * sum(sizes) / 4 <= parts["optimizer"] < 8 * sum(sizes) / 4 + 8 * max(sizes)
+
+
+def test_cpu_recompute_counts_what_each_layer_keeps_there():
+    """On CPU a recomputed layer still keeps two float32 score tensors and its RoPE rows (measured on the real
+    0.5B's user path, see CPU_RECOMPUTE_SCORE_COPIES): the planner adds exactly that, per layer, to the recompute
+    figure and nothing to the figure without recompute."""
+    shape = dict(micro_batch_size=16, num_generations=8, prompt_len=128, completion_len=256)
+    qwen05 = dict(QWEN2_5_7B, hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                  num_key_value_heads=2, vocab_size=151936)
+    n = 2 * 128 + 16 * 256  # two prompts once, then each completion (shared prompt)
+    scores = 14 * (2 * 128 * 128 + 16 * 256 * (128 + 256))
+    per_layer = 4 * 2 * scores + 2 * 4 * n * 64 * (14 + 2)
+    assert (activation_bytes(qwen05, recompute=True, recompute_keeps=True, **shape)
+            - activation_bytes(qwen05, recompute=True, **shape)) == 24 * per_layer
+    assert (activation_bytes(qwen05, recompute=False, recompute_keeps=True, **shape)
+            == activation_bytes(qwen05, recompute=False, **shape))
+    assert 200 * 2**20 < per_layer < 215 * 2**20  # the 213 MiB a layer measured

@@ -89,6 +89,12 @@ HEAD_CHUNK_ROWS = 64  # the fused head's scratch: this many rows of float32 logi
 # feed the two context products. Measured on CPU (small, TP=1): the training micro-batch's RSS grew 486 MiB per 8
 # completions where one copy predicted 320, i.e. three score copies per layer more than one.
 SCORE_COPIES = 4
+# What a recomputed layer still keeps on CPU beyond its input, measured on the user's path (Qwen2.5-Coder-0.5B, LoRA
+# rank 16, micro-batches of 16 at 128 + 256 tokens, GRAPH mode, MindSpore 2.9.0): the peak RSS grew 213 MiB per
+# layer between a 4-layer and the 24-layer model (3.73 and 9.39 GiB) where the input alone is 15 MiB. Two float32
+# score tensors and the layer's float32 RoPE rows (cos and sin for q and k) come to 205 MiB of it at that shape:
+# MindSpore's CPU backend keeps them for the backward although the layer is marked for recompute.
+CPU_RECOMPUTE_SCORE_COPIES = 2
 DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/backends/native.py)
 UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (step_graphs.ReduceAndClip), before the write-back
 
@@ -233,7 +239,7 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                      prompt_len: int, completion_len: int, compute_dtype: str = "float32", share_prompt: bool = True,
                      recompute: bool = False, scoring_batch_size: int = 0, separate_pools: bool = False,
                      prompts_per_forward: int = 0, fused_head_train: bool = False,
-                     fused_head_score: bool = False) -> int:
+                     fused_head_score: bool = False, recompute_keeps: bool = False) -> int:
     """Peak activation bytes of one rank: one training micro-batch (forward + backward), or a no-grad scoring
     forward of ``scoring_batch_size`` completions when that is larger; with ``separate_pools`` (CPU, where each
     compiled graph keeps its memory) the two added. ``prompts_per_forward``: the prompts each forward computes
@@ -261,6 +267,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         with recompute:     L N H c (each layer's input) + layer (the one being recomputed) + masks + logits
                             (SharedPromptForward(recompute=True): each layer is a recomputed Cell whose output,
                             the next layer's input, is all it keeps; the backward rebuilds one layer at a time)
+                            + recompute_keeps (CPU): L (2 x 4 S + 2 x 4 N d (h + kv)), what each layer keeps
+                            there regardless (CPU_RECOMPUTE_SCORE_COPIES score tensors and its RoPE rows)
         not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
                             layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
         scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
@@ -284,7 +292,12 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         return n, layer, 4 * s // kv + head
 
     n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN, True)
-    train = (layers * n * hidden * c + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
+    kept = n * hidden * c
+    if recompute_keeps:
+        _, scores, _ = _forward_sizes(hf, model_parallel, micro_batch_size, num_generations, prompt_len,
+                                      completion_len, share_prompt, prompts_per_forward)
+        kept += 4 * CPU_RECOMPUTE_SCORE_COPIES * scores + 2 * 4 * n * d * (h + kv)
+    train = (layers * kept + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
     if scoring_batch_size < 1:
         return train
     n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE, False)
@@ -341,7 +354,8 @@ def layout_bytes(config, hf_config: Mapping, *, data_parallel: int, model_parall
                  # a scoring forward runs for the KL's reference, or for the old log-probs of later passes
                  scoring_batch_size=(packed_rows or config.ref_config.ref_model_batch_size
                                      if rl.beta > 0 or not Derived(config).on_policy else 0),
-                 separate_pools=device == "cpu", prompts_per_forward=min(packed_rows, rl.batch_size),
+                 separate_pools=device == "cpu", recompute_keeps=device == "cpu",
+                 prompts_per_forward=min(packed_rows, rl.batch_size),
                  **{f"fused_head_{kind}": Derived(config).fused_head(
                      device, compute_dtype=actor.compute_dtype, head_dtype=Derived(config).actor_head_dtype(device),
                      model_parallel=model_parallel, backward=kind == "train") for kind in ("train", "score")})
