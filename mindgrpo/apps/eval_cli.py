@@ -44,7 +44,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, prog: Optional[str] = "mind
                              "math17k, deepscaler; default: the one the file's form asks for")
     parser.add_argument("--limit", type=int, help="evaluate only the first N problems")
     parser.add_argument("--max-new-tokens", type=int, default=512)
-    parser.add_argument("--batch-size", type=int, default=32, help="sequences decoded together")
+    parser.add_argument("--batch-size", type=int, default=32,
+                        help="sequences decoded (and prefilled) together: memory grows with it; 64 holds 9 GB on a "
+                             "0.5B model")
     parser.add_argument("--samples", type=int, default=0, metavar="K",
                         help="also sample K completions per problem for maj@K and pass@K (default 0: greedy only)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature for --samples")
