@@ -93,7 +93,8 @@ SCORE_COPIES = 4
 # rank 16, micro-batches of 16 at 128 + 256 tokens, GRAPH mode, MindSpore 2.9.0): the peak RSS grew 213 MiB per
 # layer between a 4-layer and the 24-layer model (3.73 and 9.39 GiB) where the input alone is 15 MiB. Two float32
 # score tensors and the layer's float32 RoPE rows (cos and sin for q and k) come to 205 MiB of it at that shape:
-# MindSpore's CPU backend keeps them for the backward although the layer is marked for recompute.
+# MindSpore's CPU backend keeps them for the backward although the layer is marked for recompute. Checked on a
+# shape it was not fitted on (micro-batches of 8): 6.2 GiB planned, 7.24 GiB measured.
 CPU_RECOMPUTE_SCORE_COPIES = 2
 DECODE_STEP_ROUND = 32  # the native engine rounds max_tokens up to a multiple of this (rollout/backends/native.py)
 UPDATE_GRADIENT_COPIES = 2  # reduced gradients + their clipped copy (step_graphs.ReduceAndClip), before the write-back
@@ -273,7 +274,8 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
                             + recompute_keeps (CPU): L (2 x 4 S + 2 x 4 N d (h + kv)), what each layer keeps
                             there regardless (CPU_RECOMPUTE_SCORE_COPIES score tensors and its RoPE rows)
         not counted:        the float32 RoPE cos/sin rows, 2 x 4 N d (h + kv), built once and kept by every
-                            layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16)
+                            layer in both cases (with recompute, about as much as 4-5 layer inputs at 7B bf16),
+                            except on CPU with recompute (above)
         scoring (no grad):  layer + 2 N H c + masks + 3 x 4 m T (V/tp), at m = scoring_batch_size
                             (fused_head_score: 4 x 64 V instead of the logits)
     """
