@@ -294,7 +294,8 @@ def scratch_build(tmp_path, monkeypatch):
     source.write_text(TINY_SOURCE)
     monkeypatch.setattr(build, "CPU_SOURCE", source)
     # registered as the fused loss is, so its build errors say how to run without it
-    monkeypatch.setitem(build.KERNELS, source.name, build.Kernel(source, build.KERNELS["grpo_token_loss_cpu.cc"].without))
+    loss = build.KERNELS["grpo_token_loss_cpu.cc"]
+    monkeypatch.setitem(build.KERNELS, source.name, build.Kernel(source, loss.without))
     return source
 
 

@@ -294,18 +294,17 @@ def activation_bytes(hf_config: Mapping, *, model_parallel: int = 1, micro_batch
         fused = fused_head_train if backward else fused_head_score
         head = (4 * HEAD_CHUNK_ROWS * vocab + (4 * completion_tokens * hidden if backward else 0) if fused
                 else logit_copies * 4 * completion_tokens * vocab)
-        return n, layer, 4 * s // kv + head
+        # what a recomputed layer keeps: its input, and on CPU its score tensors and RoPE rows as well
+        kept = n * hidden * c
+        if recompute_keeps:
+            kept += 4 * CPU_RECOMPUTE_SCORE_COPIES * s + 2 * 4 * n * d * (h + kv)
+        return n, layer, 4 * s // kv + head, kept
 
-    n, layer, shared = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN, True)
-    kept = n * hidden * c
-    if recompute_keeps:
-        _, scores, _ = _forward_sizes(hf, model_parallel, micro_batch_size, num_generations, prompt_len,
-                                      completion_len, share_prompt, prompts_per_forward)
-        kept += 4 * CPU_RECOMPUTE_SCORE_COPIES * scores + 2 * 4 * n * d * (h + kv)
+    n, layer, shared, kept = one_forward(micro_batch_size, LOGIT_COPIES_TRAIN, True)
     train = (layers * kept + layer if recompute else layers * layer + 2 * n * hidden * c) + shared
     if scoring_batch_size < 1:
         return train
-    n, layer, shared = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE, False)
+    n, layer, shared, _ = one_forward(scoring_batch_size, LOGIT_COPIES_SCORE, False)
     scoring = layer + 2 * n * hidden * c + shared
     return train + scoring if separate_pools else max(train, scoring)
 
